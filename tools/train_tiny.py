@@ -19,10 +19,10 @@ import json
 import math
 import time
 from pathlib import Path
+from pydoc_data.topics import topics
 
 import torch
 import torch.nn.functional as F
-from pydoc_data.topics import topics
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from nanoserve.config import ModelConfig

@@ -1,0 +1,67 @@
+"""The ``nanoserve`` command.
+
+Why this module exists: an engine should be usable without writing Python. ``nanoserve generate``
+runs the offline API on one prompt and prints the continuation, with the numbers an operator
+wants (prompt and generated tokens, wall time, tokens per second) on stderr.
+
+    nanoserve generate "The for statement is used to" --max-tokens 60 --temperature 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .engine import LLM
+    from .sampling import SamplingParams
+
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
+                                ignore_eos=args.ignore_eos)
+        t0 = time.perf_counter()
+        llm = LLM(args.model, dtype=args.dtype, device=args.device,
+                  enable_kv_cache=not args.no_kv_cache)
+        t1 = time.perf_counter()
+        prompt = args.prompt
+        if args.chat:
+            prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        out = llm.generate([prompt], params)[0]
+        t2 = time.perf_counter()
+    except ValueError as e:
+        print(f"nanoserve: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.prompt}{out.text}")
+    n = len(out.token_ids)
+    print(f"[{len(out.prompt_token_ids)} prompt + {n} generated tokens, "
+          f"finish_reason={out.finish_reason}; load {t1 - t0:.2f}s, "
+          f"generate {t2 - t1:.2f}s, {n / (t2 - t1):.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="nanoserve", description="nanoserve: an LLM engine")
+    sub = ap.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="continue one prompt with the offline engine")
+    g.add_argument("prompt")
+    g.add_argument("--model", default=None, help="HF checkpoint folder (default: shipped tiny)")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--dtype", default="auto")
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--no-kv-cache", action="store_true", help="recompute every step (Day 4)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    args = ap.parse_args(argv)
+    return _generate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Reference checkpoints for tests and chapters, written by transformers itself.
+
+Why this module exists: no model hub is reachable here, so correctness is checked on small random
+Llama checkpoints that transformers creates and saves with ``save_pretrained``, in the exact
+folder layout of a published model. nanoserve loads the folder; transformers' own
+``LlamaForCausalLM`` loads the same folder; the two are compared. Because transformers wrote the
+files and computes the reference, the check does not rest on anything nanoserve wrote.
+
+Needs the ``test`` extra (transformers); the engine itself never imports this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# Named configurations that exercise each part of the architecture the loader must get right.
+CONFIGS: dict[str, dict] = {
+    "gqa": dict(num_attention_heads=8, num_key_value_heads=2),
+    "tied": dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True),
+    "llama3_rope": dict(
+        num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
+        max_position_embeddings=256,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    "head_dim": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    "bias": dict(num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
+                 mlp_bias=True),
+}
+
+BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            max_position_embeddings=128, rms_norm_eps=1e-5, initializer_range=0.1,
+            bos_token_id=0, eos_token_id=255, tie_word_embeddings=False)
+
+
+def write_hf_checkpoint(path: str | Path, name: str = "gqa", seed: int = 0,
+                        max_shard_size: str | None = None, **overrides) -> Path:
+    """Create a random ``LlamaForCausalLM`` with transformers and ``save_pretrained`` it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(**{**BASE, **CONFIGS[name], **overrides})
+    model = LlamaForCausalLM(cfg)
+    if cfg.attention_bias or cfg.mlp_bias:  # HF zero-inits biases; make them matter
+        for n, p in model.named_parameters():
+            if n.endswith("bias"):
+                torch.nn.init.normal_(p, std=0.1)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
+    return Path(path)
+
+
+def load_hf_model(path: str | Path):
+    """transformers' own Llama on the same folder, fp32, eval mode."""
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def relative_logit_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |ours - ref| / max |ref|: the error relative to the logits' own size."""
+    return ((ours.float() - ref.float()).abs().max() / ref.float().abs().max()).item()

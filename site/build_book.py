@@ -1,0 +1,255 @@
+"""Assemble the book from chapters/ and build it with mkdocs-material.
+
+Why this exists: a chapter is written once, as files that also serve the code (README.md,
+diagram.py, notebook.py, claims.py); the book is those files run and put together. For each
+chapter this script
+
+1. runs ``diagram.py`` (MPLBACKEND=Agg), which writes PNGs into build/figures/<chapter>/;
+2. recomputes the claims with ``chapters.runner`` and renders them as a markdown table;
+3. executes ``notebook.py`` in a fresh kernel and renders it with its outputs;
+4. writes build/docs/chapters/<chapter>/index.md: the prose, the claims, the notebook, with the
+   figures copied next to it so that the README's ``figures/<name>.png`` links resolve.
+
+Then it writes the home page, one API page per module found in nanoserve/, and build/book.json
+(the nav, read by hooks.py, and the chapter list, read by browser_check.py), and runs
+``mkdocs build --strict`` into build/site/.
+
+    .venv/bin/python site/build_book.py              # what `make site` runs
+    .venv/bin/python site/build_book.py --no-mkdocs  # only write build/docs/
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import notebooks
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE = ROOT / "site"
+BUILD = ROOT / "build"
+DOCS = BUILD / "docs"
+PACKAGE = ROOT / "nanoserve"
+
+# (first day, last day, phase): a chapter belongs to the phase whose range holds its day.
+PHASES = [
+    (1, 13, "The model"),
+    (14, 29, "Memory"),
+    (30, 42, "Batching and the scheduler"),
+    (43, 48, "Serving"),
+    (49, 10**6, "Benchmark and optimise"),
+]
+TITLE = re.compile(r"# Day (\d+): (.+)")
+LINK = re.compile(r"(\]\()([^)\s#]+)([^)\s]*)")  # ](target#anchor "title"  -> groups 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class Chapter:
+    path: Path
+    day: int
+    title: str  # "Day 7: The KV cache", as the README's first line says
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def page(self) -> str:
+        return f"chapters/{self.name}/index.md"
+
+    @property
+    def phase(self) -> str:
+        return next(p for lo, hi, p in PHASES if lo <= self.day <= hi)
+
+
+def find_chapters() -> list[Chapter]:
+    chapters = []
+    for path in sorted((ROOT / "chapters").glob("day[0-9][0-9]_*")):
+        readme = path / "README.md"
+        if not readme.is_file():
+            continue
+        first = readme.read_text().splitlines()[0]
+        m = TITLE.fullmatch(first.strip())
+        if not m:
+            raise SystemExit(f"{readme}: the first line must read '# Day N: Title', not {first!r}")
+        chapters.append(Chapter(path, int(m[1]), f"Day {m[1]}: {m[2]}"))
+    return sorted(chapters, key=lambda c: c.day)
+
+
+def run_diagram(ch: Chapter) -> list[Path]:
+    """Run the chapter's diagram.py from the repository root; return the PNGs it left."""
+    script = ch.path / "diagram.py"
+    if script.is_file():
+        env = dict(os.environ, MPLBACKEND="Agg")
+        subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, check=True)
+    return sorted((BUILD / "figures" / ch.name).glob("*.png"))
+
+
+def referenced_figures(ch: Chapter, figures: list[Path]) -> list[str]:
+    """The figures/<name>.png that README.md shows; each must be one that diagram.py wrote."""
+    shown = re.findall(r"\]\(figures/([^)\s]+)", (ch.path / "README.md").read_text())
+    absent = sorted(set(shown) - {p.name for p in figures})
+    if absent:
+        raise SystemExit(f"{ch.path}/README.md shows {absent}, which diagram.py did not write "
+                         f"into build/figures/{ch.name}/")
+    return list(dict.fromkeys(shown))
+
+
+def cell(text: str) -> str:
+    return str(text).replace("|", r"\|").replace("\n", " ")
+
+
+def cpu_name() -> str:
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else "this machine's CPU"
+
+
+def claims_table(ch: Chapter) -> str:
+    from chapters.runner import run_chapter
+
+    rows = ["| claim | stated | measured | verdict |", "|---|---|---|---|"]
+    for r in run_chapter(ch.path):
+        rows.append(f"| {cell(r.claim.name)} | {cell(r.claim.stated)} | {cell(r.measured)} "
+                    f"| {cell(r.verdict)} |")
+    intro = (f"Every number this chapter states, recomputed when this page was built "
+             f"({time.strftime('%Y-%m-%d')}, on {cpu_name()}, torch {version('torch')}). "
+             "GPU numbers come from the measurements committed in the chapter's `results/` and "
+             "name their hardware; a GPU number with no measurement is *skipped*. "
+             f"`make chapter-{ch.day}` prints the same table.")
+    return f"## Claims\n\n{intro}\n\n" + "\n".join(rows) + "\n"
+
+
+def rewrite_links(ch: Chapter, text: str, page_dir: Path) -> str:
+    """Point the README's relative links at what the book has in their place.
+
+    Another chapter's README.md becomes its page, a nanoserve module its API page; a file of
+    this chapter (notebook.py, snapshot/..., results/...) is copied next to the page.
+    """
+    def fix(m: re.Match) -> str:
+        target = m[2]
+        if "://" in target or target.startswith(("/", "mailto:", "figures/")):
+            return m[0]
+        src = (ch.path / target).resolve()
+        if src.name == "README.md" and src.parent.parent == ROOT / "chapters":
+            return f"{m[1]}../{src.parent.name}/index.md{m[3]}"
+        if src.suffix == ".py" and src.is_relative_to(PACKAGE):
+            module = ".".join(src.relative_to(PACKAGE).with_suffix("").parts)
+            return f"{m[1]}../../api/{module}.md{m[3]}"
+        if src.is_file() and src.is_relative_to(ch.path) and src.suffix != ".md":
+            dest = page_dir / src.relative_to(ch.path)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+        return m[0]
+
+    return LINK.sub(fix, text)
+
+
+def write_chapter(ch: Chapter, figures: list[Path], execute: bool) -> None:
+    page_dir = DOCS / "chapters" / ch.name
+    (page_dir / "figures").mkdir(parents=True, exist_ok=True)
+    for png in figures:
+        shutil.copy2(png, page_dir / "figures" / png.name)
+    parts = [rewrite_links(ch, (ch.path / "README.md").read_text(), page_dir).rstrip() + "\n"]
+    if (ch.path / "claims.py").is_file():
+        parts.append(claims_table(ch))
+    source = ch.path / "notebook.py"
+    if source.is_file() and execute:
+        nb = notebooks.execute(source, ROOT)
+        (BUILD / "notebooks").mkdir(parents=True, exist_ok=True)
+        notebooks.nbformat.write(nb, BUILD / "notebooks" / f"{ch.name}.ipynb")
+        notebooks.demote_headings(nb, 2)
+        parts.append(f"## The notebook\n\n`chapters/{ch.name}/notebook.py`, executed when this "
+                     "page was built.\n\n" + notebooks.to_markdown(nb, page_dir))
+    (page_dir / "index.md").write_text("\n".join(parts))
+
+
+def modules() -> list[str]:
+    """nanoserve's public modules, found on disk so that a new file gets its page by itself."""
+    found = []
+    for f in sorted(PACKAGE.rglob("*.py")):
+        parts = f.relative_to(PACKAGE).with_suffix("").parts
+        if not any(p.startswith("_") for p in parts):
+            found.append(".".join(parts))
+    return found
+
+
+def write_api() -> list[dict]:
+    rows = ["# API reference", "",
+            "Generated from the docstrings of the `nanoserve` package, one page per module.", "",
+            "| module | what it holds |", "|---|---|"]
+    nav = [{"Overview": "api/index.md"}]
+    (DOCS / "api").mkdir(parents=True, exist_ok=True)
+    for mod in modules():
+        path = PACKAGE.joinpath(*mod.split(".")).with_suffix(".py")
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        summary = doc.strip().splitlines()[0] if doc.strip() else ""
+        (DOCS / "api" / f"{mod}.md").write_text(f"::: nanoserve.{mod}\n")
+        rows.append(f"| [`nanoserve.{mod}`]({mod}.md) | {cell(summary)} |")
+        nav.append({f"nanoserve.{mod}": f"api/{mod}.md"})
+    (DOCS / "api" / "index.md").write_text("\n".join(rows) + "\n")
+    return nav
+
+
+def write_home(chapters: list[Chapter]) -> None:
+    lines = ["## Contents", ""]
+    for _, _, phase in PHASES:
+        members = [c for c in chapters if c.phase == phase]
+        if members:
+            lines += [f"### {phase}", ""] + [f"- [{c.title}]({c.page})" for c in members] + [""]
+    home = (SITE / "home.md").read_text().replace("<!-- contents -->", "\n".join(lines))
+    (DOCS / "index.md").write_text(home)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-mkdocs", action="store_true", help="only write build/docs/")
+    ap.add_argument("--no-notebooks", action="store_true", help="skip executing notebooks")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))  # for chapters.runner and each chapter's claims
+    start = time.perf_counter()
+    shutil.rmtree(DOCS, ignore_errors=True)
+    DOCS.mkdir(parents=True)
+    chapters = find_chapters()
+    book = []
+    for ch in chapters:
+        t0 = time.perf_counter()
+        figures = run_diagram(ch)
+        write_chapter(ch, figures, execute=not args.no_notebooks)
+        book.append({"name": ch.name, "title": ch.title, "url": f"chapters/{ch.name}/",
+                     "figures": referenced_figures(ch, figures)})
+        print(f"  {ch.title}: {len(figures)} figure(s), {time.perf_counter() - t0:.1f}s")
+    write_home(chapters)
+    nav = [{"Home": "index.md"}]
+    for _, _, phase in PHASES:
+        members = [{c.title: c.page} for c in chapters if c.phase == phase]
+        if members:
+            nav.append({phase: members})
+    nav.append({"API reference": write_api()})
+    (BUILD / "book.json").write_text(json.dumps({"nav": nav, "chapters": book}, indent=1))
+    print(f"wrote {DOCS.relative_to(ROOT)}/: {len(chapters)} chapter(s)")
+    if not args.no_mkdocs:
+        subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
+                        str(SITE / "mkdocs.yml")], cwd=ROOT, check=True)
+        print(f"built {(BUILD / 'site').relative_to(ROOT)}/")
+    print(f"book built in {time.perf_counter() - start:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (notebooks.NotebookFailed, subprocess.CalledProcessError) as e:
+        print(f"book build failed: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,46 @@
+"""Shared pytest set-up: the gpu marker, the triton interpreter, and reference checkpoints."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # so `chapters` imports as a package
+
+# Without CUDA, triton kernels run under the interpreter. This must precede any triton import.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory):
+    """hf_checkpoint(name) -> folder written by transformers' save_pretrained (cached)."""
+    from nanoserve.testing import write_hf_checkpoint
+
+    cache: dict[tuple, Path] = {}
+
+    def make(name: str = "gqa", **kw) -> Path:
+        key = (name, tuple(sorted(kw.items())))
+        if key not in cache:
+            cache[key] = write_hf_checkpoint(tmp_path_factory.mktemp(name), name, **kw)
+        return cache[key]
+
+    return make

@@ -1,0 +1,75 @@
+"""SamplingParams validation and the sampler's filters, pinned on hand-made distributions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanoserve.sampling import SamplingParams, sample, top_k_mask, top_p_mask
+
+
+def test_vllm_defaults():
+    sp = SamplingParams()
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.max_tokens, sp.seed) == (1.0, 1.0, 0, 16, None)
+    assert (sp.stop, sp.stop_token_ids, sp.ignore_eos) == ([], [], False)
+    assert SamplingParams(stop="END").stop == ["END"]
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    ({"temperature": -0.1}, "temperature must be >= 0"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+    ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+    ({"top_k": -2}, "top_k"),
+    ({"max_tokens": 0}, "max_tokens must be >= 1"),
+    ({"stop": [""]}, "non-empty"),
+])
+def test_out_of_range_is_refused(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        SamplingParams(**kwargs)
+
+
+def test_stop_token_ids_checked_against_vocab():
+    with pytest.raises(ValueError, match="token id 300 is outside the vocabulary"):
+        SamplingParams(stop_token_ids=[300]).check_vocab(256)
+
+
+def test_top_p_keeps_the_token_that_crosses_the_threshold():
+    probs = torch.tensor([[0.2, 0.5, 0.3], [0.2, 0.5, 0.3], [0.2, 0.5, 0.3]])
+    keep = top_p_mask(probs, torch.tensor([0.6, 0.5, 0.81]))
+    # 0.6: 0.5 alone is short of it, 0.3 crosses it and is kept; 0.2 is not needed.
+    assert keep[0].tolist() == [False, True, True]
+    # 0.5: the top token alone reaches it.
+    assert keep[1].tolist() == [False, True, False]
+    # 0.81: 0.5 + 0.3 = 0.8 is short, so the 0.2 that crosses is kept too.
+    assert keep[2].tolist() == [True, True, True]
+
+
+def test_top_k():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0]])
+    assert top_k_mask(logits, torch.tensor([2])).tolist() == [[False, True, True, False]]
+    assert top_k_mask(logits, torch.tensor([0])).all()
+
+
+def test_greedy_is_argmax_and_consumes_no_randomness():
+    logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 1.0, 0.0]])
+    out = sample(logits, [SamplingParams(temperature=0)] * 2, [None, None])
+    assert out.tolist() == [1, 0]
+
+
+def test_seeded_sampling_is_reproducible_and_respects_filters():
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(0))
+    sp = SamplingParams(temperature=0.8, top_k=5, seed=42)
+    draws = [int(sample(logits, [sp], [sp.make_generator()])[0]) for _ in range(3)]
+    assert len(set(draws)) == 1  # same seed, same token
+    top5 = set(logits[0].topk(5).indices.tolist())
+    g = SamplingParams(temperature=1.0, top_k=5, seed=1).make_generator()
+    many = {int(sample(logits, [SamplingParams(top_k=5)], [g])[0]) for _ in range(200)}
+    assert many <= top5 and len(many) > 1
+
+
+def test_mixed_batch_greedy_and_sampled_rows():
+    logits = torch.tensor([[0.0, 9.0, 0.0], [0.0, 0.0, 9.0]])
+    sp = SamplingParams(temperature=1.0, top_k=1, seed=0)
+    out = sample(logits, [SamplingParams(temperature=0), sp], [None, sp.make_generator()])
+    assert out.tolist() == [1, 2]
