@@ -11,6 +11,7 @@ Needs the ``test`` extra (transformers); the engine itself never imports this mo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -28,6 +29,10 @@ CONFIGS: dict[str, dict] = {
     "bias": dict(num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
                  mlp_bias=True),
 }
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             max_position_embeddings=128, rms_norm_eps=1e-5, initializer_range=0.1,

@@ -146,23 +146,25 @@ class Chromium:
 
 def problems_in(events: list[dict]) -> list[str]:
     """Requests that left the machine, console errors, failed loads."""
-    found = []
+    found, urls = [], {}
     for e in events:
         m, p = e["method"], e.get("params", {})
         if m == "Network.requestWillBeSent":
-            url = p["request"]["url"]
+            url = urls[p["requestId"]] = p["request"]["url"]
             parts = urlsplit(url)
             if parts.scheme != "data" and parts.hostname not in LOCAL_HOSTS:
                 found.append(f"request left the machine: {url}")
         elif m == "Network.responseReceived" and p["response"]["status"] >= 400:
             found.append(f"HTTP {p['response']['status']}: {p['response']['url']}")
         elif m == "Network.loadingFailed" and not p.get("canceled"):
-            found.append(f"load failed ({p.get('errorText')}): request {p['requestId']}")
+            found.append(f"load failed ({p.get('errorText')}): {urls.get(p['requestId'])}")
         elif m == "Runtime.consoleAPICalled" and p["type"] in ("error", "assert"):
             found.append("console error: " + " ".join(
                 str(a.get("value", a.get("description", ""))) for a in p["args"]))
         elif m == "Runtime.exceptionThrown":
-            found.append(f"uncaught exception: {p['exceptionDetails'].get('text')}")
+            details = p["exceptionDetails"]
+            found.append("uncaught exception: " + details.get("exception", {}).get(
+                "description", details.get("text", "")).splitlines()[0])
         elif m == "Log.entryAdded" and p["entry"]["level"] == "error":
             found.append(f"console error: {p['entry']['text']} {p['entry'].get('url', '')}")
     return found

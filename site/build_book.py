@@ -195,7 +195,7 @@ def write_api() -> list[dict]:
         path = PACKAGE.joinpath(*mod.split(".")).with_suffix(".py")
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         summary = doc.strip().splitlines()[0] if doc.strip() else ""
-        (DOCS / "api" / f"{mod}.md").write_text(f"::: nanoserve.{mod}\n")
+        (DOCS / "api" / f"{mod}.md").write_text(f"# nanoserve.{mod}\n\n::: nanoserve.{mod}\n")
         rows.append(f"| [`nanoserve.{mod}`]({mod}.md) | {cell(summary)} |")
         nav.append({f"nanoserve.{mod}": f"api/{mod}.md"})
     (DOCS / "api" / "index.md").write_text("\n".join(rows) + "\n")

@@ -34,6 +34,7 @@ def execute(source: Path, root: Path, timeout: int = 900) -> nbformat.NotebookNo
     nb = jupytext.read(source)
     env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline")
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"],
                             resources={"metadata": {"path": str(root)}})
     try:
         client.execute(env=env)

@@ -1,0 +1,48 @@
+"""Helpers the chapters' claims and notebooks share: reference checkpoints and the shipped model.
+
+Why this module exists: several days check themselves against the same things (transformers'
+Llama on a random checkpoint it wrote, the shipped nanoserve-tiny model, the Llama-3.2-1B shape),
+and each should be made in one place. Checkpoints are written once per process into a temporary
+folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "nanoserve" / "checkpoints" / "nanoserve-tiny"
+
+# Llama-3.2-1B's config.json, as published: the shape GPU benchmarks use with random weights.
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": 128001,
+    "torch_dtype": "bfloat16",
+}
+
+
+@functools.cache
+def _tmp() -> Path:
+    return Path(tempfile.mkdtemp(prefix="nanoserve-chapters-"))
+
+
+@functools.cache
+def hf_checkpoint(name: str) -> Path:
+    """A random Llama checkpoint written by transformers (see nanoserve.testing)."""
+    from nanoserve.testing import write_hf_checkpoint
+
+    return write_hf_checkpoint(_tmp() / name, name)
+
+
+def reference_prompts(vocab: int = 256, n: int = 4) -> list[list[int]]:
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(2, vocab - 1, (5 + 7 * i,), generator=g).tolist() for i in range(n)]

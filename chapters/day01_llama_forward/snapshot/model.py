@@ -1,0 +1,179 @@
+"""Day 1 snapshot (frozen).
+
+Llama, written out: RMSNorm, RoPE (with ``llama3`` scaling), grouped-query attention, SwiGLU.
+
+Why this module exists: it is the one forward pass everything else serves. It is written to match
+Hugging Face's ``LlamaForCausalLM`` operation for operation (RMSNorm in fp32, RoPE as
+``rotate_half``, the same ``inv_freq`` arithmetic) so that tests can hold its logits against
+transformers' to 1e-4 on the same checkpoint.
+
+The model does not own a KV cache. Attention asks an *attention backend* for the context: with no
+backend it attends causally over the tokens it was given (the uncached path of Day 4); with a
+``KVCache`` (Day 7) it first writes the new keys and values, then attends over everything cached.
+Later days plug a paged cache into the same seam.
+
+Shapes: B batch, T new tokens, S attended tokens, Hq query heads, Hkv KV heads, D head_dim,
+E hidden size, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+
+class AttentionBackend(Protocol):
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        """q (B, Hq, T, D), k/v (B, Hkv, T, D) for the new tokens -> (B, Hq, T, D)."""
+        ...
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """The D/2 rotation frequencies, including ``linear`` and ``llama3`` rescaling."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    s = cfg.rope_scaling
+    if s is None:
+        return inv_freq
+    if s["rope_type"] == "linear":
+        return inv_freq / s["factor"]
+    # llama3: long wavelengths are slowed by `factor`, short ones kept, the middle band blended.
+    factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / hi) & ~(wavelen > old_len / lo)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """positions (B, T) -> cos, sin (B, 1, T, D), computed in fp32 then cast like HF does."""
+    freqs = positions.float()[..., None] * inv_freq  # (B, T, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, D)
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, D): rotate each (i, i + D/2) pair by its position's angle."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     q_offset: int = 0) -> torch.Tensor:
+    """q (B, Hq, T, D) at absolute positions q_offset..q_offset+T-1 over k/v (B, Hkv, S, D).
+
+    Query i sees keys 0..q_offset+i. Grouped-query heads share their KV head.
+    """
+    T, S = q.shape[2], k.shape[2]
+    if q_offset == 0 and T == S:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    mask = torch.arange(S, device=q.device)[None, :] <= (
+        q_offset + torch.arange(T, device=q.device)[:, None])  # (T, S)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size,
+                                  bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+
+    def forward(self, x, cos, sin, positions, backend: AttentionBackend | None):
+        B, T, _ = x.shape  # (B, T, E)
+        q, k, v = self.qkv_proj(x).split([self.hq * self.d, self.hkv * self.d,
+                                          self.hkv * self.d], dim=-1)
+        q = q.view(B, T, self.hq, self.d).transpose(1, 2)  # (B, Hq, T, D)
+        k = k.view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if backend is None:
+            out = causal_attention(q, k, v)
+        else:
+            out = backend.attend(self.layer, q, k, v, positions)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.hq * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.i = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.i, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(self.i, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).split(self.i, dim=-1)  # (B, T, I) each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, positions, backend):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    """``forward`` gives final hidden states; ``compute_logits`` applies the LM head.
+
+    Keeping the two apart lets generation project only the positions it samples from: a prompt
+    of T tokens needs one (E x V) matmul row, not T.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(
+            cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                backend: AttentionBackend | None = None) -> torch.Tensor:
+        """input_ids, positions (B, T) -> hidden (B, T, E)."""
+        x = self.embed_tokens(input_ids)  # (B, T, E)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, positions, backend)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (..., E) -> logits (..., V), in float32 for the sampler."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,1 @@
+"""Day 4 as it stood: the generation loop, with no cache."""

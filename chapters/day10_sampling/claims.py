@@ -1,0 +1,90 @@
+"""Day 10's numbers: what the sampler keeps, and that it draws from the distribution it claims."""
+
+from __future__ import annotations
+
+import torch
+
+from chapters.runner import at_most, exact
+
+from .snapshot.sampling import SamplingParams, sample, top_p_mask
+
+DRAWS = 20_000
+
+
+def kept_by_top_p() -> int:
+    """probs (0.5, 0.3, 0.2), top_p = 0.6: the top token alone is short, the second crosses."""
+    return int(top_p_mask(torch.tensor([[0.5, 0.3, 0.2]]), torch.tensor([0.6])).sum())
+
+
+def _logits() -> torch.Tensor:
+    return torch.randn(1, 32, generator=torch.Generator().manual_seed(10))
+
+
+def _expected(temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The target distribution, computed directly and slowly, in vLLM's order: scale by the
+    temperature, keep the top-k and renormalise, then keep the nucleus that reaches top_p."""
+    p = (_logits()[0] / temperature).softmax(-1)
+    order = p.argsort(descending=True).tolist()
+    top = order[:top_k]
+    total = float(p[top].sum())
+    keep, mass = [], 0.0
+    for i in top:
+        if mass >= top_p:
+            break
+        keep.append(i)
+        mass += float(p[i]) / total
+    q = torch.zeros_like(p)
+    q[keep] = p[keep]
+    return q / q.sum()
+
+
+def _draws(temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=1234)
+    g = sp.make_generator()
+    tokens = sample(_logits().expand(DRAWS, 32), [sp] * DRAWS, [g] * DRAWS)  # one batch
+    return torch.bincount(tokens, minlength=32).float()
+
+
+def total_variation() -> float:
+    """Half the L1 distance between the empirical and the exact distribution."""
+    counts = _draws(0.7, 8, 0.9)
+    return 0.5 * float((counts / DRAWS - _expected(0.7, 8, 0.9)).abs().sum())
+
+
+def draws_outside_nucleus() -> int:
+    counts = _draws(0.7, 8, 0.9)
+    return int(counts[_expected(0.7, 8, 0.9) == 0].sum())
+
+
+def seeded_runs_agree() -> str:
+    logits = torch.randn(1, 100, generator=torch.Generator().manual_seed(3))
+    runs = []
+    for _ in range(2):
+        sp = SamplingParams(temperature=1.0, top_p=0.95, seed=99)
+        g = sp.make_generator()
+        runs.append([int(sample(logits, [sp], [g])[0]) for _ in range(50)])
+    return "identical" if runs[0] == runs[1] else "different"
+
+
+def refused_settings() -> int:
+    bad = [{"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.01}, {"top_k": -2},
+           {"max_tokens": 0}, {"stop": [""]}]
+    refused = 0
+    for kwargs in bad:
+        try:
+            SamplingParams(**kwargs)
+        except ValueError:
+            refused += 1
+    return refused
+
+
+CLAIMS = [
+    exact("tokens kept by top_p=0.6 over probabilities 0.5/0.3/0.2", "2 of 3", kept_by_top_p,
+          fmt="{} of 3".format),
+    at_most(f"total variation, {DRAWS:,} draws vs exact (T=0.7, top_k=8, top_p=0.9)", "< 0.02",
+            0.02, total_variation, fmt="{:.4f}".format),
+    exact("draws outside the top-k/top-p set", "0", draws_outside_nucleus),
+    exact("two runs of 50 draws with seed=99", "identical", seeded_runs_agree),
+    exact("out-of-range settings refused with a ValueError", "6 of 6", refused_settings,
+          fmt="{} of 6".format),
+]

@@ -1,0 +1,1 @@
+"""Day 10 as it stood: SamplingParams and the sampler."""

@@ -1,0 +1,1 @@
+"""Scripts that build what the repository ships (the tiny model)."""
