@@ -42,7 +42,7 @@ notebooks: setup ## run every chapter notebook as a plain script
 	@set -e; for n in chapters/day*/notebook.py; do echo "  $$n"; MPLBACKEND=Agg $(PY) $$n > /dev/null; done
 
 demo: setup ## generate text with the shipped model
-	$(PY) -m nanoserve.cli generate "The for statement is used to" --max-tokens 60 --temperature 0
+	$(PY) -m nanoserve.cli generate "The while statement" --max-tokens 60 --temperature 0
 
 train-tiny: setup ## retrain the shipped model (seeded; about 20 minutes on 2 cores)
 	$(PY) tools/train_tiny.py --out nanoserve/checkpoints/nanoserve-tiny
