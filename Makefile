@@ -44,7 +44,7 @@ notebooks: setup ## run every chapter notebook as a plain script
 demo: setup ## generate text with the shipped model
 	$(PY) -m nanoserve.cli generate "The while statement" --max-tokens 60 --temperature 0
 
-train-tiny: setup ## retrain the shipped model (seeded; about 20 minutes on 2 cores)
+train-tiny: setup ## retrain the shipped model (seeded; about 25 minutes on 2 cores)
 	$(PY) tools/train_tiny.py --out nanoserve/checkpoints/nanoserve-tiny
 
 bench: setup ## benchmarks (pytest-benchmark); GPU tables where CUDA is present

@@ -6,8 +6,9 @@ rows with sampled ones. The parameters are validated once, at the door, so a bad
 row of logits per request into one token id per request.
 
 The order of operations follows vLLM: temperature, then top-k, then top-p, then a draw.
-Temperature 0 means greedy (argmax), with no randomness consumed. Top-p keeps the smallest set of
-tokens whose probability reaches ``top_p``, *including* the token that crosses the threshold:
+Temperature 0 (below 1e-5, as in vLLM) means greedy (argmax), with no randomness consumed.
+Top-p keeps the smallest set of tokens whose probability reaches ``top_p``, *including* the token
+that crosses the threshold:
 
 >>> import torch
 >>> probs = torch.tensor([[0.5, 0.3, 0.2]])
@@ -17,9 +18,12 @@ tokens whose probability reaches ``top_p``, *including* the token that crosses t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
+
+SAMPLING_EPS = 1e-5  # temperatures below this are greedy; dividing by them overflows
 
 
 @dataclass(slots=True)
@@ -52,7 +56,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < SAMPLING_EPS
 
     def check_vocab(self, vocab_size: int) -> None:
         for t in self.stop_token_ids:
@@ -65,16 +69,19 @@ class SamplingParams:
         if self.greedy:
             return None
         g = torch.Generator(device=device)
-        g.manual_seed(self.seed if self.seed is not None else int(torch.seed() % 2**63))
+        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(8)) >> 1
+        g.manual_seed(seed)  # never touches the global RNG
         return g
 
 
 def top_k_mask(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """logits (B, V), k (B,) with 0 meaning off -> keep-mask (B, V)."""
+    """logits (B, V), k (B,) with 0 meaning off -> keep-mask (B, V) with exactly k per row
+    (ties at the k-th value are broken by the sort, so never more than k survive)."""
     V = logits.shape[-1]
     k = torch.where(k <= 0, V, k.clamp(max=V))
-    kth = logits.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])  # (B, 1)
-    return logits >= kth
+    order = logits.argsort(dim=-1, descending=True)  # (B, V)
+    ranks = torch.arange(V, device=logits.device).expand_as(order)
+    return torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, ranks < k[:, None])
 
 
 def top_p_mask(probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -86,6 +93,20 @@ def top_p_mask(probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits (R, V) of sampled (non-greedy) rows -> the distribution each row draws from."""
+    dev = logits.device
+    x = logits / torch.tensor([sp.temperature for sp in params], device=dev)[:, None]
+    k = torch.tensor([sp.top_k for sp in params], device=dev)
+    x = x.masked_fill(~top_k_mask(x, k), float("-inf"))
+    probs = x.softmax(dim=-1)
+    p = torch.tensor([sp.top_p for sp in params], device=dev)
+    if (p < 1).any():  # top_p = 1 is "off": a float32 cumsum can reach 1.0 before the tail
+        keep = top_p_mask(probs, p) | (p[:, None] >= 1)
+        probs = probs.masked_fill(~keep, 0.0)
+    return probs
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> torch.Tensor:
     """logits (B, V) float32 -> token ids (B,). Greedy rows take the argmax."""
@@ -93,13 +114,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     rows = [i for i, sp in enumerate(params) if not sp.greedy]
     if not rows:
         return out
-    dev = logits.device
-    x = logits[rows] / torch.tensor([params[i].temperature for i in rows], device=dev)[:, None]
-    k = torch.tensor([params[i].top_k for i in rows], device=dev)
-    x = x.masked_fill(~top_k_mask(x, k), float("-inf"))
-    probs = x.softmax(dim=-1)
-    p = torch.tensor([params[i].top_p for i in rows], device=dev)
-    probs = probs.masked_fill(~top_p_mask(probs, p), 0.0)
+    probs = filtered_probs(logits[rows], [params[i] for i in rows])  # (R, V)
     for j, i in enumerate(rows):
         out[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
     return out

@@ -52,13 +52,14 @@ def test_context_end_gives_length(llm):
 
 def test_eos_on_the_last_budgeted_token_is_stop(llm):
     """EOS is checked before the budget: a reply whose last allowed token is EOS stops."""
-    free = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=6,
-                                                    ignore_eos=True))[0]
-    third = free.token_ids[2]
-    out = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=3,
-                                                   stop_token_ids=[third]))[0]
-    assert out.token_ids == free.token_ids[:3]
-    assert (out.finish_reason, out.stop_reason) == ("stop", third)
+    free = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=40,
+                                                    ignore_eos=True))[0].token_ids
+    # the first position whose token has not appeared before: make it the last budgeted one
+    n = next(i for i in range(1, len(free)) if free[i] not in free[:i]) + 1
+    out = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=n,
+                                                   stop_token_ids=[free[n - 1]]))[0]
+    assert out.token_ids == free[:n]
+    assert (out.finish_reason, out.stop_reason) == ("stop", free[n - 1])
 
 
 def test_eos_stops_unless_ignored(tiny):

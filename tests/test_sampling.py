@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanoserve.sampling import SamplingParams, sample, top_k_mask, top_p_mask
+from nanoserve.sampling import SamplingParams, filtered_probs, sample, top_k_mask, top_p_mask
 
 
 def test_vllm_defaults():
@@ -73,3 +73,30 @@ def test_mixed_batch_greedy_and_sampled_rows():
     sp = SamplingParams(temperature=1.0, top_k=1, seed=0)
     out = sample(logits, [SamplingParams(temperature=0), sp], [None, sp.make_generator()])
     assert out.tolist() == [1, 2]
+
+
+def test_top_p_one_keeps_the_whole_vocabulary():
+    """float32 cumsum over a large vocabulary reaches 1.0 early; top_p=1 must still be off."""
+    logits = torch.randn(2, 128_256, generator=torch.Generator().manual_seed(0)) * 3
+    probs = logits.softmax(-1)
+    assert top_p_mask(probs, torch.tensor([1.0, 1.0])).sum() < 2 * 128_256  # the trap
+    kept = filtered_probs(logits, [SamplingParams(top_p=1.0), SamplingParams(top_p=1.0)])
+    assert bool((kept > 0).all())
+    mixed = filtered_probs(logits, [SamplingParams(top_p=1.0), SamplingParams(top_p=0.5)])
+    assert bool((mixed[0] > 0).all()) and int((mixed[1] > 0).sum()) < 128_256
+
+
+def test_tiny_temperature_is_greedy_and_no_global_rng_side_effect():
+    logits = torch.tensor([[0.0, 1.0, 0.5]])
+    sp = SamplingParams(temperature=1e-40)
+    assert sp.greedy and sample(logits, [sp], [sp.make_generator()]).tolist() == [1]
+    torch.manual_seed(0)
+    a = torch.rand(1)
+    torch.manual_seed(0)
+    SamplingParams(temperature=1.0).make_generator()
+    assert torch.equal(torch.rand(1), a)
+
+
+def test_top_k_keeps_exactly_k_under_ties():
+    logits = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    assert int(top_k_mask(logits, torch.tensor([2])).sum()) == 2
