@@ -5,7 +5,7 @@
     >>> out = llm.generate(["The for statement"], SamplingParams(temperature=0, max_tokens=20))
 """
 
-from .engine import LLM, RequestOutput
+from .llm import LLM, RequestOutput
 from .sampling import SamplingParams
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]

@@ -15,7 +15,7 @@ import time
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .engine import LLM
+    from .llm import LLM
     from .sampling import SamplingParams
 
     try:

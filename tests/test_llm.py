@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.engine import DEFAULT_MODEL
+from nanoserve.llm import DEFAULT_MODEL
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.engine import DEFAULT_MODEL
+from nanoserve.llm import DEFAULT_MODEL
 
 pytestmark = pytest.mark.bench
 NEW_TOKENS = 64

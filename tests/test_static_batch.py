@@ -1,0 +1,82 @@
+"""LLM.generate as static batches over the paged cache (Day 29): the same tokens as one request
+at a time, the pool full again after every call, and the static batch's bills counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from nanoserve import LLM, SamplingParams
+
+RAGGED = [[0, 5, 9], [0, 7] * 9, [0], [0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [0, 11, 12],
+          [0, 21] * 4, [0, 40, 41, 42, 43], [0, 99] * 15]
+
+
+def _each_alone(llm, prompts, params):
+    return [llm.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params, strict=True)]
+
+
+@pytest.mark.parametrize("which", ["shipped", "random"])
+def test_eight_ragged_prompts_in_one_call_equal_each_alone(hf_checkpoint, which):
+    path = None if which == "shipped" else hf_checkpoint("gqa")
+    llm = LLM(path, dtype="float32", block_size=4, max_num_seqs=8,
+              skip_tokenizer_init=which == "random")
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=(i % 2 == 0))
+              for i, m in enumerate([4, 9, 17, 2, 30, 5, 12, 8])]
+    together = [o.token_ids for o in llm.generate(RAGGED, params)]
+    assert together == _each_alone(llm, RAGGED, params)
+    pool = llm.engine.allocator
+    pool.check_invariants()
+    assert pool.num_free == pool.num_blocks
+
+
+def test_waves_when_requests_exceed_slots(hf_checkpoint):
+    llm = LLM(hf_checkpoint("gqa"), dtype="float32", skip_tokenizer_init=True, max_num_seqs=3,
+              block_size=4)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = llm.generate(RAGGED, params)
+    assert [o.token_ids for o in outs] == _each_alone(llm, RAGGED, [params] * len(RAGGED))
+    assert llm.stats.forward_passes >= 3 * 6  # three waves of six steps, at least
+
+
+def test_waves_when_the_pool_is_small(hf_checkpoint):
+    """A pool that holds two worst cases at a time still serves eight requests, in waves."""
+    llm = LLM(hf_checkpoint("gqa"), dtype="float32", skip_tokenizer_init=True, block_size=4,
+              num_kv_blocks=16)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    prompts = [[0, 1 + i, 2 + i] for i in range(8)]
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == _each_alone(llm, prompts, [params] * 8)
+
+
+def test_day29_shape_counts(hf_checkpoint):
+    """Eight requests, 5-token prompts, seven want 4 tokens and one wants 32, block_size 4."""
+    llm = LLM(hf_checkpoint("gqa"), dtype="float32", skip_tokenizer_init=True, block_size=4)
+    prompts = [[0, 10 + i, 20, 30, 40] for i in range(8)]
+    params = [SamplingParams(temperature=0, max_tokens=32 if i == 7 else 4, ignore_eos=True)
+              for i in range(8)]
+    outs = llm.generate(prompts, params)
+    assert llm.stats.generated_tokens == 60
+    assert llm.stats.forward_passes == 32  # one prefill (first token) + 31 decode steps
+    assert llm.stats.row_steps == 8 * 32
+    assert [o.finish_iteration for o in outs] == [4] * 7 + [32]
+    first = outs[0].metrics
+    assert first.last_token_time < first.finished_time == outs[7].metrics.finished_time
+
+
+def test_door_check_refuses_what_the_pool_can_never_hold(hf_checkpoint):
+    llm = LLM(hf_checkpoint("gqa"), dtype="float32", skip_tokenizer_init=True, block_size=4,
+              num_kv_blocks=4)
+    with pytest.raises(ValueError, match="prompt 1: prompt \\+ max_tokens = 17 tokens need 5 "
+                                         "KV blocks; the pool has 4"):
+        llm.generate([[1, 2], [1, 2, 3, 4]], SamplingParams(max_tokens=13))
+    assert llm.engine.allocator.num_free == 4
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    ({"block_size": 0}, "block_size must be >= 1"),
+    ({"max_num_seqs": 0}, "max_num_seqs must be >= 1"),
+    ({"num_kv_blocks": 0}, "num_kv_blocks must be >= 1"),
+])
+def test_engine_options_are_checked(hf_checkpoint, kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        LLM(hf_checkpoint("gqa"), skip_tokenizer_init=True, **kwargs)
