@@ -27,8 +27,9 @@ def _generate(args: argparse.Namespace) -> int:
                   enable_kv_cache=not args.no_kv_cache)
         t1 = time.perf_counter()
         prompt = args.prompt
-        if args.chat:
-            prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        if args.chat:  # the template writes BOS itself: encode without adding another
+            prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                       tokenize=True)
         out = llm.generate([prompt], params)[0]
         t2 = time.perf_counter()
     except ValueError as e:

@@ -103,14 +103,16 @@ class _Sequence:
         delta = self.detok.push(token) if self.detok is not None else ""
         if token in self.eos or token in sp.stop_token_ids:
             out.finish_reason, out.stop_reason = "stop", token
-        elif self.detok is not None and sp.stop:
+        elif self.detok is not None and sp.stop and delta:
             text = self.detok.text
-            for s in sp.stop:  # a new match must end inside the delta: search only that tail
-                cut = text.find(s, max(0, len(text) - len(delta) - len(s) + 1))
-                if cut >= 0:
-                    out.finish_reason, out.stop_reason = "stop", s
-                    out.text = text[:cut]
-                    return True
+            # a new match must end inside the delta, so search only that tail; the earliest wins
+            hits = [(text.find(s, max(0, len(text) - len(delta) - len(s) + 1)), s)
+                    for s in sp.stop]
+            hits = [(cut, s) for cut, s in hits if cut >= 0]
+            if hits:
+                cut, s = min(hits)
+                out.finish_reason, out.stop_reason, out.text = "stop", s, text[:cut]
+                return True
         if out.finish_reason is None and len(out.token_ids) >= self.budget:
             out.finish_reason = "length"
         if out.finish_reason is not None and self.detok is not None:

@@ -2,7 +2,8 @@
 
 Why this module exists: the model only sees integers, and three details decide whether those
 integers are the ones it was trained on: whether a BOS token leads the prompt, which ids end a
-reply (Llama 3 Instruct has three), and how a chat is laid out (the checkpoint's jinja template).
+reply (Llama 3.1 and 3.2 Instruct list three), and how a chat is laid out (the checkpoint's jinja
+template).
 Getting any of them wrong gives fluent-looking nonsense, never an error. This module reads all
 three from the checkpoint folder (``tokenizer.json``, ``tokenizer_config.json``,
 ``generation_config.json``, ``config.json``) and nowhere else.
@@ -56,8 +57,8 @@ class Tokenizer:
         tok = HFTokenizer.from_file(str(path))
         tcfg = _read_json(model_dir / "tokenizer_config.json")
         bos, eos = _token_text(tcfg.get("bos_token")), _token_text(tcfg.get("eos_token"))
-        # EOS ids: generation_config.json wins (Llama 3 Instruct lists three), then config.json,
-        # then the tokenizer's eos_token.
+        # EOS ids: generation_config.json wins (Llama 3.1/3.2 Instruct list three), then
+        # config.json, then the tokenizer's eos_token.
         eos_ids = (_as_id_tuple(_read_json(model_dir / "generation_config.json")
                                 .get("eos_token_id"))
                    or _as_id_tuple(_read_json(model_dir / "config.json").get("eos_token_id")))

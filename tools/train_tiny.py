@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from pydoc_data.topics import topics
@@ -154,7 +155,8 @@ def main() -> None:
         "train_tokens": len(train_stream), "val_tokens": len(val_stream),
         "final_train_loss": round(sum(history[-50:]) / len(history[-50:]), 4),
         "val_loss": round(val_loss, 4), "seconds": round(time.time() - t0),
-        "torch": torch.__version__, "loss_every_50": [round(v, 4) for v in history[::50]],
+        "torch": torch.__version__, "python": sys.version.split()[0],
+        "loss_every_50": [round(v, 4) for v in history[::50]],
     }
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     print(json.dumps({k: v for k, v in log.items() if k != "loss_every_50"}))
