@@ -46,3 +46,9 @@ def reference_prompts(vocab: int = 256, n: int = 4) -> list[list[int]]:
 
     g = torch.Generator().manual_seed(1)
     return [torch.randint(2, vocab - 1, (5 + 7 * i,), generator=g).tolist() for i in range(n)]
+
+
+# The log's static-batch shape (Days 29 and 30): eight requests, 5-token prompts, seven want 4
+# tokens and one wants 32, block_size 4.
+DAY29_PROMPTS = [[0, 10 + i, 20, 30, 40] for i in range(8)]
+DAY29_MAX_TOKENS = [4, 4, 4, 4, 4, 4, 4, 32]

@@ -80,3 +80,20 @@ def test_package_sampler_equals_day10_snapshot():
         out_a = live.sample(logits, [a] * 64, [a.make_generator()] * 64)
         out_b = snap.sample(logits, [b] * 64, [b.make_generator()] * 64)
         assert torch.equal(out_a, out_b)
+
+
+def test_package_static_batch_equals_day29_snapshot():
+    from chapters.common import DAY29_MAX_TOKENS, DAY29_PROMPTS, SHIPPED
+    from chapters.day01_llama_forward.snapshot.weights import load_model as snap_load
+    from chapters.day29_static_batch.snapshot.static_batch import run_static
+    from nanoserve import LLM, SamplingParams
+
+    snap = run_static(snap_load(SHIPPED), DAY29_PROMPTS, DAY29_MAX_TOKENS, 4, 64, 8)
+    llm = LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=8)
+    outs = llm.generate(DAY29_PROMPTS, [SamplingParams(temperature=0, max_tokens=m,
+                                                       ignore_eos=True)
+                                        for m in DAY29_MAX_TOKENS])
+    assert [o.token_ids for o in outs] == [r.token_ids for r in snap.replies]
+    assert (llm.stats.forward_passes, llm.stats.row_steps, llm.stats.generated_tokens) == \
+        (snap.forward_passes, snap.issued, snap.useful)
+    assert [o.finish_iteration for o in outs] == [r.finish_iteration for r in snap.replies]

@@ -1,0 +1,1 @@
+"""Day 14 as it stood: the BlockAllocator."""

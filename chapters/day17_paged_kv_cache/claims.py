@@ -1,0 +1,73 @@
+"""Day 17's numbers: the paged cache gives the contiguous cache's logits; addressing is cheap."""
+
+from __future__ import annotations
+
+import torch
+
+from chapters.common import LLAMA_3_2_1B, hf_checkpoint, reference_prompts
+from chapters.day01_llama_forward.snapshot.weights import load_model
+from chapters.day07_kv_cache.snapshot.kv_cache import KVCache
+from chapters.day14_block_allocator.snapshot.block_allocator import BlockAllocator
+from chapters.runner import at_most, exact
+
+from .snapshot.paged import BatchedPagedKVCache, BlockTable, SlotTable
+
+STEPS = 8
+
+
+@torch.inference_mode()
+def paged_vs_contiguous() -> float:
+    """Worst relative logit difference, 5 configs x 4 prompts, prefill + 8 greedy decode steps."""
+    from nanoserve.testing import CONFIGS, relative_logit_error
+
+    worst = 0.0
+    for name in CONFIGS:
+        model = load_model(hf_checkpoint(name))
+        for row, prompt in enumerate(reference_prompts()):
+            n = len(prompt) + STEPS
+            pool = BlockAllocator(64, 4)
+            paged = BatchedPagedKVCache.for_model(model, 64, 4, 4, 128)
+            paged.tables[row].extend(pool.allocate(pool.blocks_for_length(n)))
+            contiguous = KVCache.for_model(model, 1, n)
+            toks = list(prompt)
+            for step in range(STEPS + 1):
+                new = toks if step == 0 else toks[-1:]
+                start = len(toks) - len(new)
+                pos = torch.arange(start, len(toks))[None]
+                paged.begin_step([row], [len(new)])
+                a = model.compute_logits(model(torch.tensor([new]), pos, paged)[0, -1])
+                paged.end_step()
+                b = model.compute_logits(model(torch.tensor([new]), pos, contiguous)[0, -1])
+                contiguous.advance(len(new))
+                worst = max(worst, relative_logit_error(a, b))
+                toks.append(int(b.argmax()))
+    return worst
+
+
+def cell_of_token_37() -> int:
+    """Blocks [7, 2, 9], block_size 16: token 37 is block 37 // 16 = 2 (id 9), offset 5."""
+    t = BlockTable(block_size=16, capacity=8)
+    t.extend([7, 2, 9])
+    return t.cells(37, 38)[0]
+
+
+def slot_bytes_per_token() -> int:
+    return SlotTable(rows=1, max_model_len=1).cells.element_size()
+
+
+def kv_bytes_per_token() -> int:
+    c = LLAMA_3_2_1B
+    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2
+
+
+CLAIMS = [
+    at_most("paged vs contiguous cache, max relative logit difference (fp32)", "≤ 1e-5", 1e-5,
+            paged_vs_contiguous),
+    exact("pool cell of token 37 in blocks [7, 2, 9], block_size 16", "149", cell_of_token_37),
+    exact("slot-table bytes per token (one int64 cell)", "8 bytes", slot_bytes_per_token,
+          fmt="{} bytes".format),
+    exact("KV bytes per token it addresses (Llama-3.2-1B shape, bf16)", "32,768 bytes",
+          kv_bytes_per_token, fmt="{:,} bytes".format),
+    exact("addressing overhead, slot table vs the KV it points at", "0.024%",
+          lambda: slot_bytes_per_token() / kv_bytes_per_token(), fmt="{:.3%}".format),
+]
