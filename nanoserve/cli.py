@@ -4,7 +4,8 @@ Why this module exists: an engine should be usable without writing Python. ``nan
 runs the offline API on one prompt and prints the continuation, with the numbers an operator
 wants (prompt and generated tokens, wall time, tokens per second) on stderr.
 
-    nanoserve generate "The for statement is used to" --max-tokens 60 --temperature 0
+    nanoserve generate "The while statement" --max-tokens 60 --temperature 0
+    nanoserve bench sched --slots 4 --pool-tokens 96 --gen-lens 24 --requests 4 --json
 """
 
 from __future__ import annotations
@@ -60,7 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--device", default="cpu")
     g.add_argument("--no-kv-cache", action="store_true", help="recompute every step (Day 4)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    b = sub.add_parser("bench", help="benchmarks and harnesses")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    from .bench import sched
+
+    sched.add_arguments(bsub.add_parser("sched", help="the scheduler without a model"))
     args = ap.parse_args(argv)
+    if args.command == "bench":
+        return sched.main(args)
     return _generate(args)
 
 

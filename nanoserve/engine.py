@@ -9,15 +9,25 @@ and the batched paged cache, and knows two moves:
 - ``decode(rows, tokens)``: one forward that appends one token to each of B rows, whose contexts
   have different lengths (Day 28).
 
-``LLM`` (in ``llm.py``) drives these moves. Rows are batch slots; a request's cache row is its slot.
+``step(SchedulerOutput)`` is one iteration of continuous batching (Day 31): a padded prefill for
+the requests the scheduler just admitted, one batched decode for the ones already running, and
+every sampled token fed back through ``Request.append_token``. A request's cache row is its
+scheduler slot and nothing else; the scheduler's ``on_release`` hook resets a row the moment its
+request lets go of it, before anyone else can land there.
+
+``LLM`` (in ``llm.py``) drives these moves.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
 from .block_allocator import BlockAllocator
 from .paged import BatchedPagedKVCache
+from .request import Request
+from .sampling import sample
 
 
 class Engine:
@@ -64,6 +74,50 @@ class Engine:
     def decode(self, rows: list[int], tokens: list[int],
                hold: frozenset[int] = frozenset()) -> torch.Tensor:
         return self._forward(rows, [[t] for t in tokens], hold)
+
+    # ------------------------------------------------------------ continuous batching
+
+    def sync_blocks(self, request: Request) -> None:
+        """Tell the request's row about blocks the scheduler gave it (BlockTable.extend)."""
+        table = self.cache.tables[request.slot]
+        if table.blocks != request.blocks[:len(table)]:
+            raise RuntimeError(f"row {request.slot} holds blocks {table.blocks}, not a prefix "
+                               f"of its request's {request.blocks}")
+        table.extend(request.blocks[len(table):])
+
+    def release_row(self, request: Request) -> None:
+        """The scheduler's on_release hook: forget the row; the scheduler frees the blocks."""
+        blocks = self.cache.reset_row(request.slot)
+        if blocks != request.blocks[:len(blocks)]:
+            raise RuntimeError(f"row {request.slot} held {blocks}, not its request's blocks")
+
+    def _run(self, requests: list[Request], token_lists: list[list[int]]) -> list[Request]:
+        for r in requests:
+            self.sync_blocks(r)
+        rows = [r.slot for r in requests]
+        logits = self._forward(rows, token_lists)  # (B, V)
+        tokens = sample(logits, [r.params for r in requests],
+                        [r.generator for r in requests]).tolist()
+        now = time.perf_counter()
+        finished = []
+        for r, t in zip(requests, tokens, strict=True):
+            if r.metrics is not None:
+                r.metrics.first_token_time = r.metrics.first_token_time or now
+                r.metrics.last_token_time = now
+            if r.append_token(t):
+                finished.append(r)
+        return finished
+
+    def step(self, out) -> list[Request]:
+        """One iteration: prefill the admitted, decode the running; returns who finished."""
+        finished = []
+        if out.admitted:  # the prefill runs over token_ids: all a request's tokens so far
+            finished += self._run(out.admitted, [r.token_ids for r in out.admitted])
+        if out.decode:
+            finished += self._run(out.decode, [[r.output_token_ids[-1]] for r in out.decode])
+        return finished
+
+    # ------------------------------------------------------------ static batches (Day 29)
 
     def grant(self, row: int, num_tokens: int) -> None:
         """Make row ``row`` able to hold ``num_tokens`` tokens, allocating blocks atomically."""

@@ -4,13 +4,15 @@ Why this module exists: it is the front door. ``LLM(model_dir).generate(prompts,
 checkpoint, checks every input before any work starts, runs generation, and returns one
 ``RequestOutput`` per prompt with ``.token_ids``, ``.text`` and ``.finish_reason``.
 
-Generation runs as *static batches* (Day 29) over the paged cache: up to ``max_num_seqs``
-requests form a wave, one padded prefill starts them all, and batched decode steps run until the
-wave's last request is done. A request that finishes early stays in the rectangle until then: its
-row keeps being computed, and its answer is handed back only when the wave ends. Those two bills,
-the wasted row-steps and the head-of-line wait, are what ``stats`` and each output's ``metrics``
-record, and what the scheduler removes. ``enable_kv_cache=False`` keeps Day 4's baseline: one
-sequence at a time, the whole sequence recomputed for every token.
+Generation runs through the scheduler (``batching="continuous"``, Day 31): every iteration, the
+scheduler releases the finished and admits what fits, and the engine prefills the admitted and
+decodes the running over the paged cache. A request leaves the batch at its own last token.
+
+The baselines stay available as policies, so each day's behaviour can be measured again:
+``batching="static"`` (Day 29) runs waves of up to ``max_num_seqs`` requests until the wave's
+last member is done, computing and holding every finished row until then; and
+``enable_kv_cache=False`` (Day 4) recomputes the whole sequence for every token. ``stats`` and
+each output's ``metrics`` and ``finish_iteration`` record what each way costs.
 
 A reply ends by the first rule that fires, checked in this order after every token: an EOS id
 (unless ``ignore_eos``), a ``stop_token_ids`` id, a ``stop`` string (the text is cut before it),
@@ -28,22 +30,14 @@ import torch
 
 from .config import ModelConfig
 from .engine import Engine
+from .request import Request, RequestMetrics, RequestState
 from .sampling import SamplingParams, sample
+from .scheduler import Scheduler
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .weights import load_model
 
 DEFAULT_MODEL = Path(__file__).resolve().parent / "checkpoints" / "nanoserve-tiny"
 DEFAULT_KV_BYTES = 1 << 30  # without num_kv_blocks, the pool is at most 1 GiB
-
-
-@dataclass(slots=True)
-class RequestMetrics:
-    """Wall-clock times (time.perf_counter) of one request's life, as vLLM names them."""
-
-    arrival_time: float
-    first_token_time: float | None = None
-    last_token_time: float | None = None  # its own last token was sampled
-    finished_time: float | None = None  # its answer was handed back
 
 
 @dataclass(slots=True)
@@ -56,11 +50,12 @@ class RequestOutput:
     finish_reason: str | None = None  # "stop" | "length"
     stop_reason: int | str | None = None  # the token id or stop string that ended it
     metrics: RequestMetrics | None = None
-    finish_iteration: int | None = None  # the forward pass (1-based, per wave) of its last token
+    finish_iteration: int | None = None  # the iteration (1-based) that produced its last token
 
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
+    @classmethod
+    def of(cls, r: Request, prompt: str | None) -> RequestOutput:
+        return cls(r.request_id, prompt, r.prompt_token_ids, r.output_token_ids, r.text,
+                   r.finish_reason, r.stop_reason, r.metrics, r.finish_iteration)
 
 
 @dataclass(slots=True)
@@ -70,54 +65,10 @@ class Stats:
     requests: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0  # useful tokens: the ones handed back
-    forward_passes: int = 0
-    row_steps: int = 0  # rows issued, summed over forward passes (a static batch's bill)
+    iterations: int = 0  # steps that ran the model (a prefill and a decode may share one)
+    forward_passes: int = 0  # model forwards
+    row_steps: int = 0  # rows issued, summed over forwards (a static batch's bill)
     tokens_computed: int = 0  # real token positions run through the model
-
-
-class _Sequence:
-    """One request in flight: its output, its sampling state, and the stop rules."""
-
-    def __init__(self, out: RequestOutput, params: SamplingParams, llm: LLM):
-        self.out, self.params = out, params
-        self.eos = frozenset() if params.ignore_eos else llm.eos_token_ids
-        self.max_model_len = llm.max_model_len
-        self.budget = llm.max_model_len - len(out.prompt_token_ids)
-        if params.max_tokens is not None:
-            self.budget = min(self.budget, params.max_tokens)
-        self.generator = params.make_generator(llm.device)
-        self.detok = (IncrementalDetokenizer(llm.tokenizer, out.prompt_token_ids,
-                                             params.skip_special_tokens)
-                      if llm.tokenizer else None)
-
-    @property
-    def worst_case_tokens(self) -> int:
-        return len(self.out.prompt_token_ids) + self.budget
-
-    def append(self, token: int, now: float) -> bool:
-        """Record one sampled token and apply the stop rules; True when the request is done."""
-        out, sp = self.out, self.params
-        out.token_ids.append(token)
-        out.metrics.first_token_time = out.metrics.first_token_time or now
-        out.metrics.last_token_time = now
-        delta = self.detok.push(token) if self.detok is not None else ""
-        if token in self.eos or token in sp.stop_token_ids:
-            out.finish_reason, out.stop_reason = "stop", token
-        elif self.detok is not None and sp.stop and delta:
-            text = self.detok.text
-            # a new match must end inside the delta, so search only that tail; the earliest wins
-            hits = [(text.find(s, max(0, len(text) - len(delta) - len(s) + 1)), s)
-                    for s in sp.stop]
-            hits = [(cut, s) for cut, s in hits if cut >= 0]
-            if hits:
-                cut, s = min(hits)
-                out.finish_reason, out.stop_reason, out.text = "stop", s, text[:cut]
-                return True
-        if out.finish_reason is None and len(out.token_ids) >= self.budget:
-            out.finish_reason = "length"
-        if out.finish_reason is not None and self.detok is not None:
-            out.text = self.detok.text
-        return out.finish_reason is not None
 
 
 class LLM:
@@ -125,7 +76,7 @@ class LLM:
                  device: str = "cpu", max_model_len: int | None = None,
                  enable_kv_cache: bool = True, skip_tokenizer_init: bool = False,
                  block_size: int = 16, num_kv_blocks: int | None = None,
-                 max_num_seqs: int = 8):
+                 max_num_seqs: int = 8, batching: str = "continuous"):
         model_dir = Path(model) if model is not None else DEFAULT_MODEL
         if not model_dir.is_dir():
             raise ValueError(f"model folder {model_dir} does not exist")
@@ -134,6 +85,9 @@ class LLM:
         for name, value in (("block_size", block_size), ("max_num_seqs", max_num_seqs)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if batching not in ("continuous", "static"):
+            raise ValueError(f"batching={batching!r}; choose 'continuous' or 'static'")
+        self.batching, self.max_num_seqs = batching, max_num_seqs
         if num_kv_blocks is not None and num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
         self.config = cfg = ModelConfig.from_dir(model_dir)
@@ -181,7 +135,21 @@ class LLM:
                              f"{self.max_model_len} and generation needs one free position")
         return text, ids
 
-    def _admit(self, prompts, sampling_params) -> list[_Sequence]:
+    def _request(self, i: int, text: str | None, ids: list[int], sp: SamplingParams,
+                 now: float) -> Request:
+        budget = self.max_model_len - len(ids)
+        if sp.max_tokens is not None:
+            budget = min(budget, sp.max_tokens)
+        detok = (IncrementalDetokenizer(self.tokenizer, ids, sp.skip_special_tokens)
+                 if self.tokenizer else None)
+        r = Request(self.stats.requests + i, ids, max_tokens=budget,
+                    eos_token_ids=frozenset() if sp.ignore_eos else self.eos_token_ids,
+                    stop_token_ids=frozenset(sp.stop_token_ids), stop=tuple(sp.stop),
+                    detokenizer=detok, generator=sp.make_generator(self.device), params=sp)
+        r.metrics = RequestMetrics(now)
+        return r
+
+    def _admit(self, prompts, sampling_params) -> tuple[list[Request], list[str | None]]:
         """Validate everything first: a bad request anywhere means no work starts."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -198,50 +166,69 @@ class LLM:
             sp.check_vocab(self.config.vocab_size)
         encoded = [self._prompt_ids(i, p) for i, p in enumerate(prompts)]
         now = time.perf_counter()
-        seqs = []
-        for (text, ids), sp in zip(encoded, sampling_params, strict=True):
-            out = RequestOutput(self.stats.requests + len(seqs), text, ids,
-                                metrics=RequestMetrics(now))
-            seqs.append(_Sequence(out, sp, self))
+        reqs = [self._request(i, text, ids, sp, now)
+                for i, ((text, ids), sp) in enumerate(zip(encoded, sampling_params, strict=True))]
         pool = self.engine.allocator
-        for i, s in enumerate(seqs):
-            need = pool.blocks_for_length(s.worst_case_tokens)
+        for i, r in enumerate(reqs):  # the door check: what the empty pool can never hold
+            need = pool.blocks_for_length(r.worst_case_tokens)
             if need > pool.num_blocks:
-                raise ValueError(f"prompt {i}: prompt + max_tokens = {s.worst_case_tokens} "
+                raise ValueError(f"prompt {i}: prompt + max_tokens = {r.worst_case_tokens} "
                                  f"tokens need {need} KV blocks; the pool has "
                                  f"{pool.num_blocks} (raise num_kv_blocks or lower max_tokens)")
-        self.stats.requests += len(seqs)
+        self.stats.requests += len(reqs)
         self.stats.prompt_tokens += sum(len(t) for _, t in encoded)
-        return seqs
+        return reqs, [text for text, _ in encoded]
 
     # ---------------------------------------------------------------- generation
 
     def generate(self, prompts, sampling_params: SamplingParams | list | None = None
                  ) -> list[RequestOutput]:
         """Prompts as a list of strings or of token-id lists; one output per prompt."""
-        seqs = self._admit(prompts, sampling_params)
+        reqs, texts = self._admit(prompts, sampling_params)
         e = self.engine
         before = (e.forward_passes, e.row_steps, e.tokens_computed)
         with torch.inference_mode():
-            if self.enable_kv_cache:
-                self._run_static(seqs)
+            if not self.enable_kv_cache:
+                for r in reqs:
+                    self._run_uncached(r)
+            elif self.batching == "static":
+                self._run_static(reqs)
             else:
-                for s in seqs:
-                    self._run_uncached(s)
+                self._run_continuous(reqs)
         self.stats.forward_passes += e.forward_passes - before[0]
         self.stats.row_steps += e.row_steps - before[1]
         self.stats.tokens_computed += e.tokens_computed - before[2]
-        self.stats.generated_tokens += sum(len(s.out.token_ids) for s in seqs)
-        assert e.allocator.num_free == e.allocator.num_blocks, "a KV block leaked"
-        return [s.out for s in seqs]
+        self.stats.generated_tokens += sum(len(r.output_token_ids) for r in reqs)
+        pool = e.allocator
+        pool.check_invariants()
+        assert pool.num_free == pool.num_blocks, "a KV block leaked"
+        return [RequestOutput.of(r, text) for r, text in zip(reqs, texts, strict=True)]
 
-    def _sample(self, logits: torch.Tensor, seqs: list[_Sequence]) -> list[int]:
-        return sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist()
+    def _run_continuous(self, reqs: list[Request]) -> None:
+        """Continuous batching (Day 31): schedule, step, repeat until every request is done."""
+        sched = Scheduler(self.engine.allocator, self.max_num_seqs,
+                          on_release=self.engine.release_row)
+        for r in reqs:
+            sched.add(r)
+        iteration = 0
+        while True:
+            out = sched.schedule()
+            now = time.perf_counter()
+            for r in out.finished:
+                r.metrics.finished_time = now
+            if out.num_scheduled == 0:
+                if sched.has_unfinished():
+                    raise RuntimeError("the scheduler made no progress with requests waiting")
+                break
+            iteration += 1
+            for r in self.engine.step(out):
+                r.finish_iteration = iteration
+        self.stats.iterations += iteration
 
-    def _next_wave(self, pending: deque[_Sequence]) -> list[_Sequence]:
+    def _next_wave(self, pending: deque[Request]) -> list[Request]:
         """Arrival order, up to max_num_seqs, while every member's worst case fits the pool."""
         pool, wave, need = self.engine.allocator, [], 0
-        while pending and len(wave) < len(self.engine.cache.tables):
+        while pending and len(wave) < self.max_num_seqs:
             blocks = pool.blocks_for_length(pending[0].worst_case_tokens)
             if need + blocks > pool.num_free:
                 break
@@ -249,48 +236,62 @@ class LLM:
             wave.append(pending.popleft())
         return wave
 
-    def _run_static(self, seqs: list[_Sequence]) -> None:
-        e, pending = self.engine, deque(seqs)
+    def _run_static(self, reqs: list[Request]) -> None:
+        """Static batches (Day 29): a wave runs until its last member is done; finished rows
+        are held (still computed, still holding blocks) and handed back at the wave's end."""
+        e, pending, iteration = self.engine, deque(reqs), 0
         while pending:
             wave = self._next_wave(pending)
             rows = list(range(len(wave)))
-            for row, s in zip(rows, wave, strict=True):
-                e.grant(row, s.worst_case_tokens)
+            for row, r in zip(rows, wave, strict=True):
+                r.slot = row
+                r.transition(RequestState.RUNNING)
+                e.grant(row, r.worst_case_tokens)
             try:
-                logits = e.prefill(rows, [s.out.prompt_token_ids for s in wave])
-                iteration, done = 1, set()
+                logits = e.prefill(rows, [r.prompt_token_ids for r in wave])
+                done = set()
                 while True:
+                    iteration += 1
                     now = time.perf_counter()
-                    for row, s, tok in zip(rows, wave, self._sample(logits, wave), strict=True):
-                        if row not in done and s.append(tok, now):
+                    for row, r, tok in zip(rows, wave, self._sample(logits, wave), strict=True):
+                        if row in done:
+                            continue
+                        r.metrics.first_token_time = r.metrics.first_token_time or now
+                        r.metrics.last_token_time = now
+                        if r.append_token(tok):
                             done.add(row)
-                            s.out.finish_iteration = iteration
+                            r.finish_iteration = iteration
                     if len(done) == len(wave):
                         break
-                    last = [s.out.token_ids[-1] for s in wave]
+                    last = [r.output_token_ids[-1] for r in wave]
                     logits = e.decode(rows, last, hold=frozenset(done))
-                    iteration += 1
             finally:
                 for row in rows:
                     e.release(row)
             now = time.perf_counter()
-            for s in wave:
-                s.out.metrics.finished_time = now
+            for r in wave:
+                r.metrics.finished_time = now
+        self.stats.iterations += iteration
 
-    def _run_uncached(self, s: _Sequence) -> None:
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+        return sample(logits, [r.params for r in reqs], [r.generator for r in reqs]).tolist()
+
+    def _run_uncached(self, r: Request) -> None:
         """Day 4: no cache, one sequence, the whole sequence recomputed for each new token."""
-        e, seq = self.engine, list(s.out.prompt_token_ids)
-        iteration = 0
+        e, iteration = self.engine, 0
+        r.transition(RequestState.RUNNING)
         while True:
+            seq = r.token_ids
             x = torch.tensor([seq], device=self.device)  # (1, T)
             h = self.model(x, torch.arange(len(seq), device=self.device)[None])  # (1, T, E)
             e.forward_passes += 1
             e.row_steps += 1
             e.tokens_computed += len(seq)
             iteration += 1
-            tok = self._sample(self.model.compute_logits(h[:, -1]), [s])[0]
-            if s.append(tok, time.perf_counter()):
+            tok = self._sample(self.model.compute_logits(h[:, -1]), [r])[0]
+            r.metrics.last_token_time = time.perf_counter()
+            if r.append_token(tok):
                 break
-            seq.append(tok)
-        s.out.finish_iteration = iteration
-        s.out.metrics.finished_time = time.perf_counter()
+        r.finish_iteration = iteration
+        r.metrics.finished_time = time.perf_counter()
+        self.stats.iterations += iteration

@@ -89,7 +89,8 @@ def test_package_static_batch_equals_day29_snapshot():
     from nanoserve import LLM, SamplingParams
 
     snap = run_static(snap_load(SHIPPED), DAY29_PROMPTS, DAY29_MAX_TOKENS, 4, 64, 8)
-    llm = LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=8)
+    llm = LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=8,
+              batching="static")
     outs = llm.generate(DAY29_PROMPTS, [SamplingParams(temperature=0, max_tokens=m,
                                                        ignore_eos=True)
                                         for m in DAY29_MAX_TOKENS])

@@ -1,5 +1,6 @@
-"""LLM.generate as static batches over the paged cache (Day 29): the same tokens as one request
-at a time, the pool full again after every call, and the static batch's bills counted."""
+"""LLM.generate over the paged cache, as static batches (Day 29) and through the scheduler
+(Day 31): the same tokens as one request at a time, the pool full again after every call, and
+each policy's bills counted."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ def _each_alone(llm, prompts, params):
     return [llm.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params, strict=True)]
 
 
+@pytest.mark.parametrize("batching", ["static", "continuous"])
 @pytest.mark.parametrize("which", ["shipped", "random"])
-def test_eight_ragged_prompts_in_one_call_equal_each_alone(hf_checkpoint, which):
+def test_eight_ragged_prompts_in_one_call_equal_each_alone(hf_checkpoint, which, batching):
     path = None if which == "shipped" else hf_checkpoint("gqa")
-    llm = LLM(path, dtype="float32", block_size=4, max_num_seqs=8,
+    llm = LLM(path, dtype="float32", block_size=4, max_num_seqs=8, batching=batching,
               skip_tokenizer_init=which == "random")
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=(i % 2 == 0))
               for i, m in enumerate([4, 9, 17, 2, 30, 5, 12, 8])]
@@ -29,19 +31,21 @@ def test_eight_ragged_prompts_in_one_call_equal_each_alone(hf_checkpoint, which)
     assert pool.num_free == pool.num_blocks
 
 
-def test_waves_when_requests_exceed_slots(hf_checkpoint):
+@pytest.mark.parametrize("batching", ["static", "continuous"])
+def test_more_requests_than_slots(hf_checkpoint, batching):
     llm = LLM(hf_checkpoint("gqa"), dtype="float32", skip_tokenizer_init=True, max_num_seqs=3,
-              block_size=4)
+              block_size=4, batching=batching)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     outs = llm.generate(RAGGED, params)
     assert [o.token_ids for o in outs] == _each_alone(llm, RAGGED, [params] * len(RAGGED))
     assert llm.stats.forward_passes >= 3 * 6  # three waves of six steps, at least
 
 
-def test_waves_when_the_pool_is_small(hf_checkpoint):
-    """A pool that holds two worst cases at a time still serves eight requests, in waves."""
+@pytest.mark.parametrize("batching", ["static", "continuous"])
+def test_a_small_pool_serves_everyone(hf_checkpoint, batching):
+    """A pool that holds two worst cases at a time still serves eight requests."""
     llm = LLM(hf_checkpoint("gqa"), dtype="float32", skip_tokenizer_init=True, block_size=4,
-              num_kv_blocks=16)
+              num_kv_blocks=16, batching=batching)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     prompts = [[0, 1 + i, 2 + i] for i in range(8)]
     outs = llm.generate(prompts, params)
@@ -50,7 +54,8 @@ def test_waves_when_the_pool_is_small(hf_checkpoint):
 
 def test_day29_shape_counts(hf_checkpoint):
     """Eight requests, 5-token prompts, seven want 4 tokens and one wants 32, block_size 4."""
-    llm = LLM(hf_checkpoint("gqa"), dtype="float32", skip_tokenizer_init=True, block_size=4)
+    llm = LLM(hf_checkpoint("gqa"), dtype="float32", skip_tokenizer_init=True, block_size=4,
+              batching="static")
     prompts = [[0, 10 + i, 20, 30, 40] for i in range(8)]
     params = [SamplingParams(temperature=0, max_tokens=32 if i == 7 else 4, ignore_eos=True)
               for i in range(8)]
@@ -61,6 +66,19 @@ def test_day29_shape_counts(hf_checkpoint):
     assert [o.finish_iteration for o in outs] == [4] * 7 + [32]
     first = outs[0].metrics
     assert first.last_token_time < first.finished_time == outs[7].metrics.finished_time
+
+
+def test_day29_shape_through_the_scheduler(hf_checkpoint):
+    """The same shape, scheduled: no finished row is computed, and r0 is back early."""
+    llm = LLM(hf_checkpoint("gqa"), dtype="float32", skip_tokenizer_init=True, block_size=4)
+    prompts = [[0, 10 + i, 20, 30, 40] for i in range(8)]
+    params = [SamplingParams(temperature=0, max_tokens=32 if i == 7 else 4, ignore_eos=True)
+              for i in range(8)]
+    outs = llm.generate(prompts, params)
+    assert llm.stats.iterations == 32
+    assert llm.stats.row_steps == 60 == llm.stats.generated_tokens  # nothing wasted
+    assert [o.finish_iteration for o in outs] == [4] * 7 + [32]
+    assert outs[0].metrics.finished_time < outs[7].metrics.last_token_time
 
 
 def test_door_check_refuses_what_the_pool_can_never_hold(hf_checkpoint):

@@ -1,0 +1,1 @@
+"""Benchmarks and harnesses that the chapters' tables come from."""
