@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
+import nbformat
 import notebooks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +121,10 @@ def claims_table(ch: Chapter) -> str:
     from chapters.runner import run_chapter
 
     rows = ["| claim | stated | measured | verdict |", "|---|---|---|---|"]
-    for r in run_chapter(ch.path):
+    results = run_chapter(ch.path)
+    for r in (r for r in results if r.failed):
+        print(f"  warning: {ch.title}: claim {r.claim.name!r} {r.verdict}: {r.measured}")
+    for r in results:
         rows.append(f"| {cell(r.claim.name)} | {cell(r.claim.stated)} | {cell(r.measured)} "
                     f"| {cell(r.verdict)} |")
     intro = (f"Every number this chapter states, recomputed when this page was built "
@@ -131,19 +135,23 @@ def claims_table(ch: Chapter) -> str:
     return f"## Claims\n\n{intro}\n\n" + "\n".join(rows) + "\n"
 
 
-def rewrite_links(ch: Chapter, text: str, page_dir: Path) -> str:
+def rewrite_links(ch: Chapter, text: str, page_dir: Path, notebook_shown: bool) -> str:
     """Point the README's relative links at what the book has in their place.
 
-    Another chapter's README.md becomes its page, a nanoserve module its API page; a file of
-    this chapter (notebook.py, snapshot/..., results/...) is copied next to the page.
+    Another chapter (its folder or README.md) becomes its page, a nanoserve module its API page,
+    notebook.py the executed notebook below; any other file of this chapter (snapshot/...,
+    results/...) is copied next to the page.
     """
     def fix(m: re.Match) -> str:
         target = m[2]
         if "://" in target or target.startswith(("/", "mailto:", "figures/")):
             return m[0]
         src = (ch.path / target).resolve()
-        if src.name == "README.md" and src.parent.parent == ROOT / "chapters":
-            return f"{m[1]}../{src.parent.name}/index.md{m[3]}"
+        if src == ch.path / "notebook.py" and notebook_shown:
+            return f"{m[1]}#the-notebook"
+        chapter = src.parent if src.name == "README.md" else src
+        if chapter.parent == ROOT / "chapters" and chapter.is_dir():
+            return f"{m[1]}../{chapter.name}/index.md{m[3]}"
         if src.suffix == ".py" and src.is_relative_to(PACKAGE):
             module = ".".join(src.relative_to(PACKAGE).with_suffix("").parts)
             return f"{m[1]}../../api/{module}.md{m[3]}"
@@ -161,18 +169,19 @@ def write_chapter(ch: Chapter, figures: list[Path], execute: bool) -> None:
     (page_dir / "figures").mkdir(parents=True, exist_ok=True)
     for png in figures:
         shutil.copy2(png, page_dir / "figures" / png.name)
-    parts = [rewrite_links(ch, (ch.path / "README.md").read_text(), page_dir).rstrip() + "\n"]
+    source = ch.path / "notebook.py"
+    shown = source.is_file() and execute
+    parts = [rewrite_links(ch, (ch.path / "README.md").read_text(), page_dir, shown).rstrip()]
     if (ch.path / "claims.py").is_file():
         parts.append(claims_table(ch))
-    source = ch.path / "notebook.py"
-    if source.is_file() and execute:
+    if shown:
         nb = notebooks.execute(source, ROOT)
         (BUILD / "notebooks").mkdir(parents=True, exist_ok=True)
-        notebooks.nbformat.write(nb, BUILD / "notebooks" / f"{ch.name}.ipynb")
+        nbformat.write(nb, BUILD / "notebooks" / f"{ch.name}.ipynb")
         notebooks.demote_headings(nb, 2)
         parts.append(f"## The notebook\n\n`chapters/{ch.name}/notebook.py`, executed when this "
                      "page was built.\n\n" + notebooks.to_markdown(nb, page_dir))
-    (page_dir / "index.md").write_text("\n".join(parts))
+    (page_dir / "index.md").write_text("\n\n".join(parts))
 
 
 def modules() -> list[str]:
@@ -231,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                      "figures": referenced_figures(ch, figures)})
         print(f"  {ch.title}: {len(figures)} figure(s), {time.perf_counter() - t0:.1f}s")
     write_home(chapters)
+    (DOCS / "assets").mkdir()
+    shutil.copy2(SITE / "book.css", DOCS / "assets" / "book.css")
     nav = [{"Home": "index.md"}]
     for _, _, phase in PHASES:
         members = [{c.title: c.page} for c in chapters if c.phase == phase]

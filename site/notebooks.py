@@ -23,6 +23,7 @@ from nbclient.exceptions import CellExecutionError
 from nbconvert import MarkdownExporter
 
 HEADING = re.compile(r"#{1,4} ")
+TEMPLATE = Path(__file__).resolve().parent / "notebook.md.j2"  # outputs fenced as .nb-output
 
 
 class NotebookFailed(RuntimeError):
@@ -67,7 +68,7 @@ def demote_headings(nb: nbformat.NotebookNode, levels: int) -> None:
 def to_markdown(nb: nbformat.NotebookNode, page_dir: Path, files_dir: str = "notebook_files"
                 ) -> str:
     """Markdown for ``nb``; its images are written under ``page_dir/files_dir``."""
-    exporter = MarkdownExporter()
+    exporter = MarkdownExporter(template_file=str(TEMPLATE))
     exporter.exclude_raw = True
     body, resources = exporter.from_notebook_node(
         nb, resources={"output_files_dir": files_dir, "unique_key": "notebook"})
