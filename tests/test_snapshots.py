@@ -98,3 +98,30 @@ def test_package_static_batch_equals_day29_snapshot():
     assert (llm.stats.forward_passes, llm.stats.row_steps, llm.stats.generated_tokens) == \
         (snap.forward_passes, snap.issued, snap.useful)
     assert [o.finish_iteration for o in outs] == [r.finish_iteration for r in snap.replies]
+
+
+@pytest.mark.parametrize("slots,pool,gen,n", [(8, 1024, [4, 4, 4, 4, 4, 4, 4, 32], 24),
+                                              (4, 48, [24], 4), (3, 64, [1, 9, 2, 30], 11)])
+def test_package_harness_equals_day30_snapshot(slots, pool, gen, n):
+    from chapters.day30_state_machine.snapshot import harness as snap
+    from nanoserve.bench import sched as live
+
+    assert live.run_scheduled(slots, 4, pool, 5, gen, n) == snap.run_scheduled(slots, 4, pool, 5,
+                                                                               gen, n)
+    assert live.run_static(slots, 5, gen, n) == snap.run_static(slots, 5, gen, n)
+
+
+def test_package_scheduled_loop_equals_day31_snapshot():
+    from chapters.common import DAY29_MAX_TOKENS, DAY29_PROMPTS, SHIPPED
+    from chapters.day01_llama_forward.snapshot.weights import load_model as snap_load
+    from chapters.day31_engine.snapshot.scheduled import run_scheduled
+    from nanoserve import LLM, SamplingParams
+
+    snap = run_scheduled(snap_load(SHIPPED), DAY29_PROMPTS, DAY29_MAX_TOKENS, 4, 64, 8)
+    llm = LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=8)
+    outs = llm.generate(DAY29_PROMPTS, [SamplingParams(temperature=0, max_tokens=m,
+                                                       ignore_eos=True)
+                                        for m in DAY29_MAX_TOKENS])
+    assert [o.token_ids for o in outs] == [r.token_ids for r in snap.replies]
+    assert (llm.stats.row_steps, llm.stats.generated_tokens) == (snap.issued, snap.useful)
+    assert [o.finish_iteration for o in outs] == [r.finish_iteration for r in snap.replies]

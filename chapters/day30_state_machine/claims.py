@@ -1,0 +1,86 @@
+"""Day 30's numbers: every figure in the log's "Why it matters", counted by the host-only harness.
+
+Conventions (pinned in the prose): an iteration is one schedule() plus one model step, and counts
+as a forward pass when it schedules anything; a prefill produces a request's first token;
+"issued" counts rows computed, "useful" counts tokens kept.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from chapters.day14_block_allocator.snapshot.block_allocator import BlockAllocator
+from chapters.runner import exact
+
+from .snapshot.harness import run_scheduled, run_static
+from .snapshot.request import Request
+from .snapshot.scheduler import Scheduler
+
+GEN = [4, 4, 4, 4, 4, 4, 4, 32]  # the Day-29 shape: seven rows of 4 tokens, one of 32
+
+
+@functools.cache
+def scheduled(requests: int) -> dict:
+    return run_scheduled(slots=8, block_size=4, pool_tokens=1024, prompt_len=5, gen_lens=GEN,
+                         requests=requests)
+
+
+@functools.cache
+def static(requests: int) -> dict:
+    return run_static(slots=8, prompt_len=5, gen_lens=GEN, requests=requests)
+
+
+def reservation() -> tuple[int, int, float]:
+    """Four requests, 8-token prompts, 200-token budgets, block_size 16, after the prefill."""
+    pool = BlockAllocator(64, 16)
+    s = Scheduler(pool, 4)
+    reqs = [Request(i, [7] * 8, max_tokens=200) for i in range(4)]
+    for r in reqs:
+        s.add(r)
+    for r in s.schedule().admitted:
+        r.append_token(5)  # the prefill's first token
+    held = sum(pool.blocks_for_length(r.num_tokens) for r in reqs)
+    return sum(len(r.blocks) for r in reqs), held, s.reservation_waste()
+
+
+def first_token_stop() -> str:
+    pool = BlockAllocator(64, 16)
+    s = Scheduler(pool, 4)
+    r = Request(0, [7] * 8, max_tokens=200, eos_token_ids=frozenset({2}))
+    s.add(r)
+    s.schedule()
+    r.append_token(2)  # EOS at once
+    return f"{len(r.blocks) - pool.blocks_for_length(r.num_tokens)} of {len(r.blocks)}"
+
+
+CLAIMS = [
+    exact("Day-29 shape, scheduled: issued for useful", "60 issued for 60 useful",
+          lambda: f"{scheduled(8)['issued_tokens']} issued for {scheduled(8)['useful_tokens']} "
+                  f"useful"),
+    exact("Day-29 shape, static batch: row-steps issued (log: 264)", "256 issued",
+          lambda: f"{static(8)['issued_tokens']} issued"),
+    exact("forward work the scheduler removes (log: 77.3%)", "76.6%",
+          lambda: 1 - scheduled(8)["issued_tokens"] / static(8)["issued_tokens"],
+          fmt="{:.1%}".format),
+    exact("r0's answer: scheduled vs static iteration", "4 against 32",
+          lambda: f"{scheduled(8)['finish_iteration'][0]} against "
+                  f"{static(8)['returned_iteration'][0]}"),
+    exact("24 requests through 8 slots: forward passes, scheduled", "44",
+          lambda: scheduled(24)["forward_passes"]),
+    exact("24 requests through 8 slots: schedule() calls, scheduled (log: 45 iterations)", "45",
+          lambda: scheduled(24)["schedule_calls"]),
+    exact("24 requests through 8 slots: forward passes, three static waves", "96",
+          lambda: static(24)["forward_passes"]),
+    exact("makespan cut, forward passes (log: 2.1x, from 96 / 45)", "2.2x",
+          lambda: static(24)["forward_passes"] / scheduled(24)["forward_passes"],
+          fmt="{:.1f}x".format),
+    exact("less issued work, 24 requests", "4.3x",
+          lambda: static(24)["issued_tokens"] / scheduled(24)["issued_tokens"],
+          fmt="{:.1f}x".format),
+    exact("worst-case reservation: blocks reserved against occupied", "52 blocks reserved "
+          "against 4 occupied", lambda: "{} blocks reserved against {} occupied".format(
+              *reservation()[:2])),
+    exact("reservation_waste", "0.92", lambda: reservation()[2], fmt="{:.2f}".format),
+    exact("a request that stops at its first token: blocks held for nothing", "12 of 13",
+          first_token_stop),
+]
