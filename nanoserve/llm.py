@@ -5,8 +5,11 @@ checkpoint, checks every input before any work starts, runs generation, and retu
 ``RequestOutput`` per prompt with ``.token_ids``, ``.text`` and ``.finish_reason``.
 
 Generation runs through the scheduler (``batching="continuous"``, Day 31): every iteration, the
-scheduler releases the finished and admits what fits, and the engine prefills the admitted and
-decodes the running over the paged cache. A request leaves the batch at its own last token.
+scheduler releases the finished, grows the running and admits what fits, and the engine prefills
+the admitted and decodes the running over the paged cache. A request leaves the batch at its own
+last token. Blocks are bought a step at a time (``allocation="incremental"``, Day 33); when the
+pool runs dry the youngest running request is preempted and later resumes by recompute, which
+never changes its text. ``allocation="reserve"`` keeps Week 8's worst-case reservation.
 
 The baselines stay available as policies, so each day's behaviour can be measured again:
 ``batching="static"`` (Day 29) runs waves of up to ``max_num_seqs`` requests until the wave's
@@ -32,7 +35,7 @@ from .config import ModelConfig
 from .engine import Engine
 from .request import Request, RequestMetrics, RequestState
 from .sampling import SamplingParams, sample
-from .scheduler import Scheduler
+from .scheduler import ALLOCATION_POLICIES, Scheduler
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .weights import load_model
 
@@ -69,6 +72,8 @@ class Stats:
     forward_passes: int = 0  # model forwards
     row_steps: int = 0  # rows issued, summed over forwards (a static batch's bill)
     tokens_computed: int = 0  # real token positions run through the model
+    preemptions: int = 0  # running requests sent back to wait (incremental allocation)
+    recomputed_tokens: int = 0  # tokens re-prefilled when preempted requests resumed
 
 
 class LLM:
@@ -76,7 +81,8 @@ class LLM:
                  device: str = "cpu", max_model_len: int | None = None,
                  enable_kv_cache: bool = True, skip_tokenizer_init: bool = False,
                  block_size: int = 16, num_kv_blocks: int | None = None,
-                 max_num_seqs: int = 8, batching: str = "continuous"):
+                 max_num_seqs: int = 8, batching: str = "continuous",
+                 allocation: str = "incremental"):
         model_dir = Path(model) if model is not None else DEFAULT_MODEL
         if not model_dir.is_dir():
             raise ValueError(f"model folder {model_dir} does not exist")
@@ -87,7 +93,9 @@ class LLM:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if batching not in ("continuous", "static"):
             raise ValueError(f"batching={batching!r}; choose 'continuous' or 'static'")
-        self.batching, self.max_num_seqs = batching, max_num_seqs
+        if allocation not in ALLOCATION_POLICIES:
+            raise ValueError(f"allocation={allocation!r}; choose one of {ALLOCATION_POLICIES}")
+        self.batching, self.max_num_seqs, self.allocation = batching, max_num_seqs, allocation
         if num_kv_blocks is not None and num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
         self.config = cfg = ModelConfig.from_dir(model_dir)
@@ -206,7 +214,7 @@ class LLM:
 
     def _run_continuous(self, reqs: list[Request]) -> None:
         """Continuous batching (Day 31): schedule, step, repeat until every request is done."""
-        sched = Scheduler(self.engine.allocator, self.max_num_seqs,
+        sched = Scheduler(self.engine.allocator, self.max_num_seqs, allocation=self.allocation,
                           on_release=self.engine.release_row)
         for r in reqs:
             sched.add(r)
@@ -224,6 +232,8 @@ class LLM:
             for r in self.engine.step(out):
                 r.finish_iteration = iteration
         self.stats.iterations += iteration
+        self.stats.preemptions += sched.preemptions
+        self.stats.recomputed_tokens += sched.recomputed_tokens
 
     def _next_wave(self, pending: deque[Request]) -> list[Request]:
         """Arrival order, up to max_num_seqs, while every member's worst case fits the pool."""

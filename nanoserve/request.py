@@ -38,7 +38,8 @@ class RequestState(enum.Enum):
 
 _LEGAL_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     RequestState.WAITING: frozenset({RequestState.RUNNING, RequestState.FINISHED}),  # admit, abort
-    RequestState.RUNNING: frozenset({RequestState.FINISHED}),  # stop, length, abort
+    RequestState.RUNNING: frozenset({RequestState.FINISHED,  # stop, length, abort
+                                     RequestState.WAITING}),  # preempt (Day 33)
     RequestState.FINISHED: frozenset(),
 }
 
@@ -85,6 +86,8 @@ class Request:
         self.text = ""
         self.metrics: RequestMetrics | None = None
         self.finish_iteration: int | None = None  # the iteration that produced its last token
+        self.arrival = 0  # order of arrival at the scheduler: lower is older
+        self.num_preemptions = 0
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.state.value}, slot={self.slot}, "

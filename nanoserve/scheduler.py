@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from .block_allocator import BlockAllocator
 from .request import Request, RequestState
 
-ALLOCATION_POLICIES = ("reserve",)
+ALLOCATION_POLICIES = ("reserve", "incremental")
 
 
 @dataclass(slots=True)
@@ -41,6 +41,7 @@ class SchedulerOutput:
     admitted: list[Request] = field(default_factory=list)  # need a prefill this iteration
     decode: list[Request] = field(default_factory=list)  # running: one decode step each
     finished: list[Request] = field(default_factory=list)  # released this call: answers ready
+    preempted: list[Request] = field(default_factory=list)  # sent back to waiting this call
 
     @property
     def num_scheduled(self) -> int:
@@ -69,6 +70,9 @@ class Scheduler:
         self.finished_total = 0
         self.blocked_on_slots = 0  # admission stopped: batch full, pool fine
         self.blocked_on_blocks = 0  # admission stopped: pool dry
+        self.preemptions = 0
+        self.recomputed_tokens = 0  # tokens re-prefilled when preempted requests resume
+        self._arrivals = 0
 
     # ------------------------------------------------------------------ requests in
 
@@ -83,6 +87,8 @@ class Scheduler:
                 f"{request.worst_case_tokens} tokens need {need} KV blocks, but the pool has "
                 f"{self.allocator.num_blocks} of {self.allocator.block_size} tokens; it could "
                 f"never run (raise num_kv_blocks or lower max_tokens)")
+        request.arrival = self._arrivals  # seniority: who is older, for victim choice
+        self._arrivals += 1
         self.waiting.append(request)
 
     def abort(self, request: Request) -> None:
@@ -104,19 +110,66 @@ class Scheduler:
     # ------------------------------------------------------------------ one iteration
 
     def schedule(self) -> SchedulerOutput:
-        """Release the finished, then admit what fits. The order is the point."""
+        """Release the finished, then grow the running, then admit what fits. The order is the
+        point: growth before admission means a newcomer never takes the block a running
+        request needs for its next token."""
         self.schedule_calls += 1
         out = SchedulerOutput(finished=self._release_finished())
+        out.preempted = self._grow_running()
         out.decode = list(self.running)
         out.admitted = self._admit()
         return out
 
-    def _release(self, request: Request) -> None:
-        if self.on_release is not None:
+    def blocks_needed_for(self, request: Request) -> int:
+        """The only allocation rule: blocks to add before this request's next forward.
+
+        ``reserve`` (Week 8): the worst case, all at admission; 0 afterwards.
+        ``incremental`` (Day 33): what its tokens occupy. A fresh request needs its prompt's
+        blocks; a running one 0, or 1 on the step that crosses a block boundary; a preempted
+        one coming back needs its prompt plus everything it generated.
+        """
+        target = (request.worst_case_tokens if self.allocation == "reserve"
+                  else request.num_tokens)
+        return max(0, self.allocator.blocks_for_length(target) - len(request.blocks))
+
+    def _grow_running(self) -> list[Request]:
+        """Oldest first, give each running request the blocks its next token needs, taking
+        them from the youngest running request when the pool is dry. The oldest is never a
+        victim, so it always finishes and the pool always drains."""
+        preempted: list[Request] = []
+        for r in sorted(self.running, key=lambda r: r.arrival):
+            if r.state is not RequestState.RUNNING:
+                continue  # preempted earlier in this pass
+            need = self.blocks_needed_for(r)
+            while need > self.allocator.num_free:
+                victim = max(self.running, key=lambda v: v.arrival)  # the youngest
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is r:  # nobody younger to evict: its own victim
+                    break
+            if r.state is RequestState.RUNNING and need:
+                r.blocks += self.allocator.allocate(need)
+        return preempted
+
+    def _preempt(self, victim: Request) -> None:
+        """Preemption by recompute: blocks and slot back, tokens kept, head of the queue."""
+        self.running.remove(victim)
+        self._return_resources(victim)
+        victim.transition(RequestState.WAITING)
+        victim.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        self.preemptions += 1
+
+    def _return_resources(self, request: Request) -> None:
+        if self.on_release is not None:  # the engine resets the row while the slot moves
             self.on_release(request)
         self.allocator.free(request.blocks)
         request.blocks = []
         heapq.heappush(self._free_slots, request.slot)
+        request.slot = None
+
+    def _release(self, request: Request) -> None:
+        self._return_resources(request)
         self.finished_total += 1
 
     def _release_finished(self) -> list[Request]:
@@ -134,11 +187,13 @@ class Scheduler:
             if not self._free_slots:
                 self.blocked_on_slots += 1
                 break
-            need = self.allocator.blocks_for_length(head.worst_case_tokens)
+            need = self.blocks_needed_for(head)
             if not self.allocator.can_allocate(need):
                 self.blocked_on_blocks += 1
                 break  # FIFO: never look past a blocked head
             self.waiting.popleft()
+            if head.num_preemptions:  # resuming: its whole history is prefilled again
+                self.recomputed_tokens += head.num_tokens
             head.blocks = self.allocator.allocate(need)
             head.slot = heapq.heappop(self._free_slots)
             head.transition(RequestState.RUNNING)
@@ -149,12 +204,23 @@ class Scheduler:
 
     # ------------------------------------------------------------------ what it costs
 
+    def fragmentation_waste(self) -> float:
+        """Share of the slots in running requests' occupied blocks that no token fills: the
+        tail of each sequence's last block, at most block_size - 1 tokens per sequence."""
+        bs = self.allocator.block_size
+        slots = sum(self.allocator.blocks_for_length(r.num_tokens) for r in self.running) * bs
+        if slots == 0:
+            return 0.0
+        return 1 - sum(r.num_tokens for r in self.running) / slots
+
     def reservation_waste(self) -> float:
-        """Share of the blocks held by running requests that hold no token yet."""
+        """Share of the blocks held by running requests that hold no token yet (0.0 by
+        construction under ``incremental``: held and needed come from the same number)."""
         reserved = sum(len(r.blocks) for r in self.running)
         if reserved == 0:
             return 0.0
-        occupied = sum(self.allocator.blocks_for_length(r.num_tokens) for r in self.running)
+        occupied = sum(min(len(r.blocks), self.allocator.blocks_for_length(r.num_tokens))
+                       for r in self.running)
         return 1 - occupied / reserved
 
     def check_invariants(self) -> None:

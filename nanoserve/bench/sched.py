@@ -10,6 +10,8 @@ Conventions, pinned: an *iteration* is one ``schedule()`` followed by one model 
 as a forward pass when it schedules at least one request. *Issued* counts the rows a forward
 computes; *useful* counts tokens a request keeps. ``--batching static`` counts the same workload
 as waves of ``slots`` requests that each run until their longest member is done.
+``--policy incremental`` (Day 33) adds preemption: ``preemptions``, ``recomputed_tokens`` (tokens
+re-prefilled on resume) and the two wastes, averaged over the iterations that ran the model.
 
     nanoserve bench sched --slots 8 --block-size 4 --pool-tokens 512 --prompt-len 5 \\
         --gen-lens 4,4,4,4,4,4,4,32 --requests 24 --policy reserve --json
@@ -40,7 +42,7 @@ def run_scheduled(slots: int, block_size: int, pool_tokens: int, prompt_len: int
         sched.add(r)
     finish_iteration = [0] * requests
     forward_passes = issued = 0
-    peak_waste = 0.0
+    reservation, fragmentation, peak_blocks = [], [], 0
     while True:
         out = sched.schedule()
         if out.num_scheduled == 0:
@@ -48,7 +50,9 @@ def run_scheduled(slots: int, block_size: int, pool_tokens: int, prompt_len: int
                 raise RuntimeError("nothing schedulable while requests wait: a deadlock")
             break  # this last call only handed back the final answers
         forward_passes += 1
-        peak_waste = max(peak_waste, sched.reservation_waste())
+        peak_blocks = max(peak_blocks, pool.num_held)
+        reservation.append(sched.reservation_waste())
+        fragmentation.append(sched.fragmentation_waste())
         for r in out.admitted + out.decode:
             issued += 1
             if r.append_token(TOKEN):
@@ -62,8 +66,14 @@ def run_scheduled(slots: int, block_size: int, pool_tokens: int, prompt_len: int
         "requests": requests, "forward_passes": forward_passes,
         "schedule_calls": sched.schedule_calls, "useful_tokens": useful,
         "issued_tokens": issued, "occupancy": round(useful / (forward_passes * slots), 4),
-        "finish_iteration": finish_iteration, "peak_reservation_waste": round(peak_waste, 4),
+        "finish_iteration": finish_iteration,
         "blocked_on_slots": sched.blocked_on_slots, "blocked_on_blocks": sched.blocked_on_blocks,
+        "peak_blocks_held": peak_blocks, "preemptions": sched.preemptions,
+        "recomputed_tokens": sched.recomputed_tokens,
+        # mean over the iterations that ran the model
+        "reservation_waste": round(sum(reservation) / forward_passes, 4),
+        "fragmentation_waste": round(sum(fragmentation) / forward_passes, 4),
+        "preemptions_per_request": [r.num_preemptions for r in reqs],
     }
 
 
