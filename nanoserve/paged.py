@@ -124,6 +124,10 @@ class BatchedPagedKVCache:
 
         A row in ``hold`` writes its one token at its current length without growing (a static
         batch's finished row, recomputed in place until its wave ends)."""
+        if not rows or len(set(rows)) != len(rows) or len(rows) != len(num_new):
+            raise ValueError(f"a step needs distinct rows, one count each: {rows}, {num_new}")
+        if min(num_new) < 1:
+            raise ValueError(f"every row in a step must take at least one token: {num_new}")
         B, T = len(rows), max(num_new)
         write = torch.full((B, T), -1, dtype=torch.long)
         for b, (row, n) in enumerate(zip(rows, num_new, strict=True)):

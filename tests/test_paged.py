@@ -143,3 +143,25 @@ def test_held_row_does_not_grow(model):
     for _ in range(3):
         _forward(model, cache, [0], [[9]], hold=frozenset({0}))
     assert cache.lengths[0] == 3
+
+
+def test_scattered_blocks_give_the_same_logits(model):
+    """Blocks out of order and far apart: only the cell arithmetic can make this agree."""
+    prompt = _prompts([21], seed=9)[0]
+    _, cache = _paged(model, num_blocks=32)
+    cache.tables[1].extend([17, 3, 29, 0, 11, 8])  # 24 cells, deliberately scrambled
+    got = _forward(model, cache, [1], [prompt])[0, :21]
+    with torch.no_grad():
+        want = model.compute_logits(model(torch.tensor([prompt]), torch.arange(21)[None]))[0]
+    assert relative_logit_error(got, want) < 1e-5
+    assert cache.slots.cells[1, :6].tolist() == [68, 69, 70, 71, 12, 13]
+
+
+def test_a_malformed_step_is_refused(model):
+    _, cache = _paged(model)
+    with pytest.raises(ValueError, match="distinct rows"):
+        cache.begin_step([0, 0], [1, 1])
+    with pytest.raises(ValueError, match="distinct rows"):
+        cache.begin_step([], [])
+    with pytest.raises(ValueError, match="at least one token"):
+        cache.begin_step([0], [0])
