@@ -63,12 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     b = sub.add_parser("bench", help="benchmarks and harnesses")
     bsub = b.add_subparsers(dest="bench", required=True)
-    from .bench import sched
+    from .bench import batchbench, sched, stress
 
     sched.add_arguments(bsub.add_parser("sched", help="the scheduler without a model"))
+    batchbench.add_arguments(bsub.add_parser("batch", help="the engine on a seeded workload"))
+    stress.add_arguments(bsub.add_parser("stress", help="cramped vs roomy, with aborts"))
     args = ap.parse_args(argv)
     if args.command == "bench":
-        return sched.main(args)
+        return {"sched": sched, "batch": batchbench, "stress": stress}[args.bench].main(args)
     return _generate(args)
 
 

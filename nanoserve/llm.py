@@ -54,11 +54,13 @@ class RequestOutput:
     stop_reason: int | str | None = None  # the token id or stop string that ended it
     metrics: RequestMetrics | None = None
     finish_iteration: int | None = None  # the iteration (1-based) that produced its last token
+    num_preemptions: int = 0
 
     @classmethod
     def of(cls, r: Request, prompt: str | None) -> RequestOutput:
         return cls(r.request_id, prompt, r.prompt_token_ids, r.output_token_ids, r.text,
-                   r.finish_reason, r.stop_reason, r.metrics, r.finish_iteration)
+                   r.finish_reason, r.stop_reason, r.metrics, r.finish_iteration,
+                   r.num_preemptions)
 
 
 @dataclass(slots=True)
@@ -212,14 +214,18 @@ class LLM:
         assert pool.num_free == pool.num_blocks, "a KV block leaked"
         return [RequestOutput.of(r, text) for r, text in zip(reqs, texts, strict=True)]
 
-    def _run_continuous(self, reqs: list[Request]) -> None:
-        """Continuous batching (Day 31): schedule, step, repeat until every request is done."""
+    def _run_continuous(self, reqs: list[Request], each_iteration=None) -> None:
+        """Continuous batching (Day 31): schedule, step, repeat until every request is done.
+        ``each_iteration(scheduler, iteration)``, if given, runs before every schedule (the
+        stress test aborts requests and checks invariants there)."""
         sched = Scheduler(self.engine.allocator, self.max_num_seqs, allocation=self.allocation,
                           on_release=self.engine.release_row)
         for r in reqs:
             sched.add(r)
         iteration = 0
         while True:
+            if each_iteration is not None:
+                each_iteration(sched, iteration)
             out = sched.schedule()
             now = time.perf_counter()
             for r in out.finished:
