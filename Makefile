@@ -50,6 +50,9 @@ train-tiny: setup ## retrain the shipped model (seeded; about 25 minutes on 2 co
 bench: setup ## benchmarks (pytest-benchmark); GPU tables where CUDA is present
 	$(PY) -m pytest -q -m bench --benchmark-only --benchmark-columns=min,median,max
 
+stress: setup ## the long stress test: 200 requests through a cramped pool, with aborts
+	$(PY) -m nanoserve.cli bench stress --requests 200 --num-kv-blocks 20 --abort-rate 0.05 --seed 7
+
 clean: ## remove build output
 	rm -rf build .pytest_cache .benchmarks
 

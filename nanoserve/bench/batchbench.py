@@ -55,6 +55,7 @@ def run(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> dict:
         "recomputed_tokens": recomputed, "tokens_computed": computed,
         "recompute_share": round(recomputed / computed, 4),
         "latency_preempted_s": mean_latency(hit), "latency_straight_s": mean_latency(straight),
+        "latencies_s": [round(latency[o.request_id], 4) for o in outs],
         "token_ids": [o.token_ids for o in outs],
     }
 
@@ -86,5 +87,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"nanoserve bench batch: error: {e}")
         return 2
     result.pop("token_ids")
+    result.pop("latencies_s")
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0

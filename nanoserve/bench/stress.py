@@ -29,7 +29,8 @@ def run_stress(model=None, requests: int = 40, seed: int = 0, num_kv_blocks: int
                block_size: int = 4, max_num_seqs: int = 8, abort_rate: float = 0.05,
                prompt_lens: tuple[int, int] = (2, 20), gen_lens: tuple[int, int] = (1, 40)
                ) -> dict:
-    kw = dict(dtype="float32", block_size=block_size, max_num_seqs=max_num_seqs)
+    kw = dict(dtype="float32", block_size=block_size, max_num_seqs=max_num_seqs,
+              skip_tokenizer_init=True)  # token ids in, token ids out
     roomy, cramped = LLM(model, **kw), LLM(model, num_kv_blocks=num_kv_blocks, **kw)
     prompts, gens = workload(requests, seed, prompt_lens, gen_lens, cramped.config.vocab_size)
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in gens]

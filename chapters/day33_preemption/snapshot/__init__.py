@@ -1,0 +1,1 @@
+"""Day 33 as it stood: incremental allocation, preemption by recompute, the harness."""

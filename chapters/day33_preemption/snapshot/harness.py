@@ -1,0 +1,97 @@
+"""Day 33 snapshot (frozen).
+
+The scheduler without a model: every decision counted, nothing timed.
+
+Why this module exists: a scheduler's job is bookkeeping, and bookkeeping can be measured exactly
+without a forward pass. This harness drives the real ``Scheduler`` over a real
+``BlockAllocator`` with integer tokens: a prefill produces a request's first token, and every
+running request gets one more token per iteration. What comes out are counts (iterations,
+row-steps, occupancy, the iteration each request finished), the same on every machine.
+
+Conventions, pinned: an *iteration* is one ``schedule()`` followed by one model step; it counts
+as a forward pass when it schedules at least one request. *Issued* counts the rows a forward
+computes; *useful* counts tokens a request keeps. ``--batching static`` counts the same workload
+as waves of ``slots`` requests that each run until their longest member is done.
+``--policy incremental`` (Day 33) adds preemption: ``preemptions``, ``recomputed_tokens`` (tokens
+re-prefilled on resume) and the two wastes, averaged over the iterations that ran the model.
+
+    nanoserve bench sched --slots 8 --block-size 4 --pool-tokens 512 --prompt-len 5 \\
+        --gen-lens 4,4,4,4,4,4,4,32 --requests 24 --policy reserve --json
+"""
+
+from __future__ import annotations
+
+from chapters.day14_block_allocator.snapshot.block_allocator import BlockAllocator
+
+from .request import Request
+from .scheduler import Scheduler
+
+TOKEN = 1  # every generated token; the host-only harness never looks at values
+
+
+def run_scheduled(slots: int, block_size: int, pool_tokens: int, prompt_len: int,
+                  gen_lens: list[int], requests: int, policy: str = "reserve") -> dict:
+    if pool_tokens % block_size:
+        raise ValueError(f"pool_tokens={pool_tokens} is not a multiple of "
+                         f"block_size={block_size}")
+    pool = BlockAllocator(pool_tokens // block_size, block_size)
+    sched = Scheduler(pool, slots, allocation=policy)
+    reqs = [Request(i, [TOKEN] * prompt_len, max_tokens=gen_lens[i % len(gen_lens)])
+            for i in range(requests)]
+    for r in reqs:
+        sched.add(r)
+    finish_iteration = [0] * requests
+    forward_passes = issued = 0
+    reservation, fragmentation, peak_blocks = [], [], 0
+    while True:
+        out = sched.schedule()
+        if out.num_scheduled == 0:
+            if sched.has_unfinished():
+                raise RuntimeError("nothing schedulable while requests wait: a deadlock")
+            break  # this last call only handed back the final answers
+        forward_passes += 1
+        peak_blocks = max(peak_blocks, pool.num_held)
+        reservation.append(sched.reservation_waste())
+        fragmentation.append(sched.fragmentation_waste())
+        for r in out.admitted + out.decode:
+            issued += 1
+            if r.append_token(TOKEN):
+                finish_iteration[r.request_id] = forward_passes
+        sched.check_invariants()
+    assert pool.num_free == pool.num_blocks, "a block leaked"
+    useful = sum(len(r.output_token_ids) for r in reqs)
+    return {
+        "batching": "continuous", "policy": policy, "slots": slots, "block_size": block_size,
+        "pool_tokens": pool_tokens, "prompt_len": prompt_len, "gen_lens": gen_lens,
+        "requests": requests, "forward_passes": forward_passes,
+        "schedule_calls": sched.schedule_calls, "useful_tokens": useful,
+        "issued_tokens": issued, "occupancy": round(useful / (forward_passes * slots), 4),
+        "finish_iteration": finish_iteration,
+        "blocked_on_slots": sched.blocked_on_slots, "blocked_on_blocks": sched.blocked_on_blocks,
+        "peak_blocks_held": peak_blocks, "preemptions": sched.preemptions,
+        "recomputed_tokens": sched.recomputed_tokens,
+        # mean over the iterations that ran the model
+        "reservation_waste": round(sum(reservation) / forward_passes, 4),
+        "fragmentation_waste": round(sum(fragmentation) / forward_passes, 4),
+        "preemptions_per_request": [r.num_preemptions for r in reqs],
+    }
+
+
+def run_static(slots: int, prompt_len: int, gen_lens: list[int], requests: int) -> dict:
+    """Waves of ``slots`` requests; a wave runs until its longest member is done."""
+    wants = [gen_lens[i % len(gen_lens)] for i in range(requests)]
+    forward_passes = issued = 0
+    finish_iteration, returned_iteration = [], []
+    for w in range(0, requests, slots):
+        wave = wants[w:w + slots]
+        finish_iteration += [forward_passes + n for n in wave]
+        forward_passes += max(wave)
+        issued += len(wave) * max(wave)
+        returned_iteration += [forward_passes] * len(wave)
+    useful = sum(wants)
+    return {
+        "batching": "static", "slots": slots, "prompt_len": prompt_len, "gen_lens": gen_lens,
+        "requests": requests, "forward_passes": forward_passes, "useful_tokens": useful,
+        "issued_tokens": issued, "occupancy": round(useful / (forward_passes * slots), 4),
+        "finish_iteration": finish_iteration, "returned_iteration": returned_iteration,
+    }

@@ -1,0 +1,239 @@
+"""Day 33 snapshot (frozen).
+
+Scheduler: who runs this iteration, on which row, with which blocks.
+
+Why this module exists: continuous batching means the batch changes shape every iteration. A
+request leaves the moment it finishes and a waiting one takes its row on the very next iteration.
+All of that happens in ``schedule()``, in one order that matters:
+
+1. **release** the finished: their blocks go back to the pool, their slot to the free list, and
+   ``on_release`` lets the engine reset the cache row;
+2. **admit** what fits, first come first served.
+
+Reversed, a slot freed this iteration would sit idle until the next one: correct output, one
+wasted row per completion, and no correctness test would notice.
+
+Admission needs two resources, checked separately because they run out for different reasons: a
+*slot* (a row of the batched cache; the lowest free one is reused) and *KV blocks* (reserved
+atomically for ``worst_case_tokens``, the prompt plus everything the request may still emit, so a
+running request can never fail mid-flight). No slot means the batch is full and the pool is fine;
+no blocks means the pool is dry. ``blocked_on_slots`` and ``blocked_on_blocks`` count each. The
+queue is FIFO and never skips a blocked head: looking past it for a smaller request raises
+utilisation today and starves large prompts forever.
+
+A door check in ``add`` refuses any request whose worst case exceeds the whole empty pool: it
+could never be admitted, and waiting for it would hang.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chapters.day14_block_allocator.snapshot.block_allocator import BlockAllocator
+
+from .request import Request, RequestState
+
+ALLOCATION_POLICIES = ("reserve", "incremental")
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    admitted: list[Request] = field(default_factory=list)  # need a prefill this iteration
+    decode: list[Request] = field(default_factory=list)  # running: one decode step each
+    finished: list[Request] = field(default_factory=list)  # released this call: answers ready
+    preempted: list[Request] = field(default_factory=list)  # sent back to waiting this call
+
+    @property
+    def num_scheduled(self) -> int:
+        return len(self.admitted) + len(self.decode)
+
+
+class Scheduler:
+    def __init__(self, allocator: BlockAllocator, max_num_seqs: int,
+                 allocation: str = "reserve",
+                 on_release: Callable[[Request], None] | None = None):
+        if allocation not in ALLOCATION_POLICIES:
+            raise ValueError(f"allocation={allocation!r}; choose one of {ALLOCATION_POLICIES}")
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        self.allocator = allocator
+        self.max_num_seqs = max_num_seqs
+        self.allocation = allocation
+        self.on_release = on_release
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._free_slots = list(range(max_num_seqs))  # a heap: the lowest free row first
+        self._aborted: list[Request] = []  # released by abort(), reported by the next schedule
+        # counters: what happened, for tests, benchmarks and the book
+        self.schedule_calls = 0
+        self.admitted_total = 0
+        self.finished_total = 0
+        self.blocked_on_slots = 0  # admission stopped: batch full, pool fine
+        self.blocked_on_blocks = 0  # admission stopped: pool dry
+        self.preemptions = 0
+        self.recomputed_tokens = 0  # tokens re-prefilled when preempted requests resume
+        self._arrivals = 0
+
+    # ------------------------------------------------------------------ requests in
+
+    def add(self, request: Request) -> None:
+        if request.state is not RequestState.WAITING:
+            raise ValueError(f"request {request.request_id!r} is {request.state.value}, "
+                             f"not waiting")
+        need = self.allocator.blocks_for_length(request.worst_case_tokens)
+        if need > self.allocator.num_blocks:
+            raise ValueError(
+                f"request {request.request_id!r}: prompt + max_tokens = "
+                f"{request.worst_case_tokens} tokens need {need} KV blocks, but the pool has "
+                f"{self.allocator.num_blocks} of {self.allocator.block_size} tokens; it could "
+                f"never run (raise num_kv_blocks or lower max_tokens)")
+        request.arrival = self._arrivals  # seniority: who is older, for victim choice
+        self._arrivals += 1
+        self.waiting.append(request)
+
+    def abort(self, request: Request) -> None:
+        """Finish a waiting or running request now and return its resources."""
+        if request.state is RequestState.WAITING:
+            self.waiting.remove(request)
+            request.finish("abort")
+        elif request.state is RequestState.RUNNING:
+            request.finish("abort")
+            self.running.remove(request)
+            self._release(request)
+        else:
+            raise ValueError(f"request {request.request_id!r} is already finished")
+        self._aborted.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ one iteration
+
+    def schedule(self) -> SchedulerOutput:
+        """Release the finished, then grow the running, then admit what fits. The order is the
+        point: growth before admission means a newcomer never takes the block a running
+        request needs for its next token."""
+        self.schedule_calls += 1
+        out = SchedulerOutput(finished=self._release_finished())
+        out.preempted = self._grow_running()
+        out.decode = list(self.running)
+        out.admitted = self._admit()
+        return out
+
+    def blocks_needed_for(self, request: Request) -> int:
+        """The only allocation rule: blocks to add before this request's next forward.
+
+        ``reserve`` (Week 8): the worst case, all at admission; 0 afterwards.
+        ``incremental`` (Day 33): what its tokens occupy. A fresh request needs its prompt's
+        blocks; a running one 0, or 1 on the step that crosses a block boundary; a preempted
+        one coming back needs its prompt plus everything it generated.
+        """
+        target = (request.worst_case_tokens if self.allocation == "reserve"
+                  else request.num_tokens)
+        return max(0, self.allocator.blocks_for_length(target) - len(request.blocks))
+
+    def _grow_running(self) -> list[Request]:
+        """Oldest first, give each running request the blocks its next token needs, taking
+        them from the youngest running request when the pool is dry. The oldest is never a
+        victim, so it always finishes and the pool always drains."""
+        preempted: list[Request] = []
+        for r in sorted(self.running, key=lambda r: r.arrival):
+            if r.state is not RequestState.RUNNING:
+                continue  # preempted earlier in this pass
+            need = self.blocks_needed_for(r)
+            while need > self.allocator.num_free:
+                victim = max(self.running, key=lambda v: v.arrival)  # the youngest
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is r:  # nobody younger to evict: its own victim
+                    break
+            if r.state is RequestState.RUNNING and need:
+                r.blocks += self.allocator.allocate(need)
+        return preempted
+
+    def _preempt(self, victim: Request) -> None:
+        """Preemption by recompute: blocks and slot back, tokens kept, head of the queue."""
+        self.running.remove(victim)
+        self._return_resources(victim)
+        victim.transition(RequestState.WAITING)
+        victim.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        self.preemptions += 1
+
+    def _return_resources(self, request: Request) -> None:
+        if self.on_release is not None:  # the engine resets the row while the slot moves
+            self.on_release(request)
+        self.allocator.free(request.blocks)
+        request.blocks = []
+        heapq.heappush(self._free_slots, request.slot)
+        request.slot = None
+
+    def _release(self, request: Request) -> None:
+        self._return_resources(request)
+        self.finished_total += 1
+
+    def _release_finished(self) -> list[Request]:
+        done, self._aborted = self._aborted, []
+        for r in [r for r in self.running if r.is_finished]:
+            self.running.remove(r)
+            self._release(r)
+            done.append(r)
+        return done
+
+    def _admit(self) -> list[Request]:
+        admitted = []
+        while self.waiting:
+            head = self.waiting[0]
+            if not self._free_slots:
+                self.blocked_on_slots += 1
+                break
+            need = self.blocks_needed_for(head)
+            if not self.allocator.can_allocate(need):
+                self.blocked_on_blocks += 1
+                break  # FIFO: never look past a blocked head
+            self.waiting.popleft()
+            if head.num_preemptions:  # resuming: its whole history is prefilled again
+                self.recomputed_tokens += head.num_tokens
+            head.blocks = self.allocator.allocate(need)
+            head.slot = heapq.heappop(self._free_slots)
+            head.transition(RequestState.RUNNING)
+            self.running.append(head)
+            admitted.append(head)
+        self.admitted_total += len(admitted)
+        return admitted
+
+    # ------------------------------------------------------------------ what it costs
+
+    def fragmentation_waste(self) -> float:
+        """Share of the slots in running requests' occupied blocks that no token fills: the
+        tail of each sequence's last block, at most block_size - 1 tokens per sequence."""
+        bs = self.allocator.block_size
+        slots = sum(self.allocator.blocks_for_length(r.num_tokens) for r in self.running) * bs
+        if slots == 0:
+            return 0.0
+        return 1 - sum(r.num_tokens for r in self.running) / slots
+
+    def reservation_waste(self) -> float:
+        """Share of the blocks held by running requests that hold no token yet (0.0 by
+        construction under ``incremental``: held and needed come from the same number)."""
+        reserved = sum(len(r.blocks) for r in self.running)
+        if reserved == 0:
+            return 0.0
+        occupied = sum(min(len(r.blocks), self.allocator.blocks_for_length(r.num_tokens))
+                       for r in self.running)
+        return 1 - occupied / reserved
+
+    def check_invariants(self) -> None:
+        """Every block is either free or held by exactly one running request; slots likewise."""
+        self.allocator.check_invariants()
+        held = [b for r in self.running for b in r.blocks]
+        assert len(held) == len(set(held)) == self.allocator.num_held, "blocks out of balance"
+        slots = [r.slot for r in self.running]
+        assert len(set(slots)) == len(slots), "two running requests share a slot"
+        assert sorted(slots + self._free_slots) == list(range(self.max_num_seqs)), "slot lost"
+        # running holds RUNNING requests, and FINISHED ones until the next schedule releases them
+        assert all(r.state is not RequestState.WAITING for r in self.running)
+        assert all(r.state is RequestState.WAITING for r in self.waiting)
