@@ -52,3 +52,32 @@ def reference_prompts(vocab: int = 256, n: int = 4) -> list[list[int]]:
 # tokens and one wants 32, block_size 4.
 DAY29_PROMPTS = [[0, 10 + i, 20, 30, 40] for i in range(8)]
 DAY29_MAX_TOKENS = [4, 4, 4, 4, 4, 4, 4, 32]
+
+
+class one_thread:
+    """Time with torch on one thread: on a small shared machine, two threads make every
+    measurement hostage to whatever else runs. Restores the previous setting."""
+
+    def __enter__(self):
+        import torch
+
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.before)
+
+
+def best_of(rounds: int, runs: dict, wall) -> dict:
+    """Run each named zero-argument callable ``rounds`` times, interleaved, on one thread; keep
+    each one's result with the smallest ``wall(result)``, the least disturbed."""
+    best: dict = {}
+    with one_thread():
+        for _ in range(rounds):
+            for name, fn in runs.items():
+                result = fn()
+                if name not in best or wall(result) < wall(best[name]):
+                    best[name] = result
+    return best

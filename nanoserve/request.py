@@ -1,11 +1,11 @@
-"""A request is a state, not a row index.
+"""Requests as objects with a lifecycle, not as positions in a batch.
 
 Why this module exists: in a static batch a request *is* its row, so it cannot leave before the
-batch does. Here a request is an object with a lifecycle (waiting, running, finished) that owns
-its prompt, its generated tokens, the slot it occupies and the blocks it holds. The lifecycle is
-written as data, ``_LEGAL_TRANSITIONS``: the edges in the table are the only moves the engine can
-make, and any other, including a self-transition, raises ``IllegalTransition`` instead of
-corrupting bookkeeping quietly.
+batch does. Here a request is an object with a lifecycle (waiting, running, finished); it keeps
+its prompt, the tokens generated so far, the batch row it was given and the KV blocks it has.
+The lifecycle is written as data, ``_LEGAL_TRANSITIONS``: the edges in the table are the only
+moves the engine can make, and any other, including a self-transition, raises
+``IllegalTransition`` instead of corrupting bookkeeping quietly.
 
 ``append_token`` applies the stop rules in a fixed order: EOS (and ``stop_token_ids``, and
 ``stop`` strings when a detokenizer is attached) first, then the budget. So a request whose last

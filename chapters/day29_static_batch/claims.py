@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from chapters.common import DAY29_MAX_TOKENS, DAY29_PROMPTS, SHIPPED
+from chapters.common import DAY29_MAX_TOKENS, DAY29_PROMPTS, SHIPPED, best_of
 from chapters.day01_llama_forward.snapshot.weights import load_model
 from chapters.runner import at_least, exact
 
@@ -13,10 +13,13 @@ from .snapshot.static_batch import StaticRun, run_static
 
 @functools.cache
 def _run() -> StaticRun:
+    """After a warm-up, the least disturbed of three runs on one thread."""
     model = load_model(SHIPPED)
     run_static(model, DAY29_PROMPTS, DAY29_MAX_TOKENS, 4, 64, 8)  # warm-up
-    return run_static(model, DAY29_PROMPTS, DAY29_MAX_TOKENS, block_size=4, num_blocks=64,
-                      max_num_seqs=8)
+    best = best_of(3, {"static": lambda: run_static(model, DAY29_PROMPTS, DAY29_MAX_TOKENS, 4,
+                                                    64, 8)},
+                   lambda run: run.replies[0].returned_time - run.replies[0].start_time)
+    return best["static"]
 
 
 def latency_inflation() -> float:

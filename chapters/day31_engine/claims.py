@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from chapters.common import DAY29_MAX_TOKENS, DAY29_PROMPTS, SHIPPED
+from chapters.common import DAY29_MAX_TOKENS, DAY29_PROMPTS, SHIPPED, best_of
 from chapters.day01_llama_forward.snapshot.weights import load_model
 from chapters.day29_static_batch.snapshot.static_batch import StaticRun, run_static
 from chapters.runner import at_least, at_most, exact
@@ -15,14 +15,21 @@ from .snapshot.scheduled import run_scheduled
 SHAPE = dict(block_size=4, num_blocks=64, max_num_seqs=8)
 
 
+def _wall(run: StaticRun) -> float:
+    return max(r.returned_time for r in run.replies) - run.replies[0].start_time
+
+
 @functools.cache
 def runs() -> tuple[StaticRun, StaticRun]:
-    """(static, scheduled), each after one warm-up run, interleaved on the same model."""
+    """(static, scheduled): three interleaved rounds on one thread, after a warm-up; each
+    policy keeps its least disturbed run."""
     model = load_model(SHIPPED)
-    run_static(model, DAY29_PROMPTS, DAY29_MAX_TOKENS, **SHAPE)
-    run_scheduled(model, DAY29_PROMPTS, DAY29_MAX_TOKENS, **SHAPE)
-    return (run_static(model, DAY29_PROMPTS, DAY29_MAX_TOKENS, **SHAPE),
-            run_scheduled(model, DAY29_PROMPTS, DAY29_MAX_TOKENS, **SHAPE))
+    args = (model, DAY29_PROMPTS, DAY29_MAX_TOKENS)
+    run_static(*args, **SHAPE)
+    run_scheduled(*args, **SHAPE)
+    best = best_of(3, {"static": lambda: run_static(*args, **SHAPE),
+                       "scheduled": lambda: run_scheduled(*args, **SHAPE)}, _wall)
+    return best["static"], best["scheduled"]
 
 
 def inflation(run: StaticRun) -> float:
@@ -53,8 +60,6 @@ CLAIMS = [
     at_least("the same inflation, static batch, measured in the same run", "≥ 3x", 3.0,
              lambda: inflation(runs()[0]), fmt="{:.1f}x".format),
     at_least("wall-clock for the whole shape, static / scheduled (same run)", "≥ 1.1x", 1.1,
-             lambda: (max(r.returned_time for r in runs()[0].replies) - runs()[0].replies[0]
-                      .start_time) / (max(r.returned_time for r in runs()[1].replies)
-                                      - runs()[1].replies[0].start_time),
+             lambda: _wall(runs()[0]) / _wall(runs()[1]),
              fmt="{:.2f}x".format),
 ]

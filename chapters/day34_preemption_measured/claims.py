@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from chapters.common import SHIPPED
+from chapters.common import SHIPPED, best_of
 from chapters.runner import at_least, exact
 
 from .snapshot.report import Record, report
@@ -19,21 +19,23 @@ KW = dict(dtype="float32", block_size=4, max_num_seqs=8)
 
 @functools.cache
 def runs() -> tuple[dict, dict, dict]:
-    """(cramped report, cramped batchbench, roomy batchbench)."""
+    """(cramped report, cramped batchbench, roomy batchbench): after a warm-up, two interleaved
+    rounds on one thread; each engine keeps its least disturbed run. The counts are the same in
+    every round."""
     from nanoserve import LLM
     from nanoserve.bench.batchbench import run, workload
 
     cramped, roomy = LLM(SHIPPED, num_kv_blocks=24, **KW), LLM(SHIPPED, **KW)
     prompts, gens = workload(12, 0, (4, 24), (8, 40), cramped.config.vocab_size)
     run(cramped, prompts[:2], gens[:2])  # warm-up, outside the measurement
-    before = (cramped.stats.recomputed_tokens, cramped.stats.tokens_computed)
-    bench_c = run(cramped, prompts, gens)
-    bench_r = run(roomy, prompts, gens)
+    run(roomy, prompts[:2], gens[:2])
+    best = best_of(2, {"cramped": lambda: run(cramped, prompts, gens),
+                       "roomy": lambda: run(roomy, prompts, gens)}, lambda r: r["wall_s"])
+    bench_c, bench_r = best["cramped"], best["roomy"]
     records = [Record(n, 0.0, t) for n, t in zip(bench_c["preemptions_per_request"],
                                                  bench_c["latencies_s"], strict=True)]
-    rep = report(records, cramped.stats.recomputed_tokens - before[0],
-                 cramped.stats.tokens_computed - before[1])
-    return rep, bench_c, bench_r
+    return report(records, bench_c["recomputed_tokens"], bench_c["tokens_computed"]), \
+        bench_c, bench_r
 
 
 def same_tokens() -> int:

@@ -14,10 +14,11 @@ Reversed, a slot freed this iteration would sit idle until the next one: correct
 wasted row per completion, and no correctness test would notice.
 
 Admission needs two resources, checked separately because they run out for different reasons: a
-*slot* (a row of the batched cache; the lowest free one is reused) and *KV blocks* (reserved
-atomically for ``worst_case_tokens``, the prompt plus everything the request may still emit, so a
-running request can never fail mid-flight). No slot means the batch is full and the pool is fine;
-no blocks means the pool is dry. ``blocked_on_slots`` and ``blocked_on_blocks`` count each. The
+*slot* (a row of the batched cache, handed out lowest index first) and *KV blocks* (Week 8 books
+``worst_case_tokens`` in one all-or-nothing allocation: prompt plus the whole remaining budget,
+which guarantees an admitted request never runs short). Out of slots: the batch is at capacity
+while memory remains. Out of blocks: memory is exhausted while rows remain.
+``blocked_on_slots`` and ``blocked_on_blocks`` count each. The
 queue is FIFO and never skips a blocked head: looking past it for a smaller request raises
 utilisation today and starves large prompts forever.
 
