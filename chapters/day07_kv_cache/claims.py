@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 
-from chapters.common import LLAMA_3_2_1B, SHIPPED, hf_checkpoint, reference_prompts
+from chapters.common import LLAMA_3_2_1B, SHIPPED, best_of, hf_checkpoint, reference_prompts
 from chapters.day01_llama_forward.snapshot.weights import load_model
 from chapters.day04_generate.snapshot.generate import generate_uncached
 from chapters.runner import at_least, exact
@@ -35,18 +35,21 @@ def identical_replies() -> int:
     return same
 
 
-def cpu_speedup(new_tokens: int = 128) -> float:
-    """Wall-clock ratio, uncached / cached, on the shipped model: best of two runs each."""
+def cpu_speedup(new_tokens: int = 256) -> float:
+    """Wall-clock ratio, uncached / cached, on the shipped model: interleaved rounds on one
+    thread, each keeping its fastest run."""
     model = load_model(SHIPPED)
     prompt = list(range(2, 2 + P))
-    best = {}
-    for name, fn in (("uncached", generate_uncached), ("cached", generate_cached)):
-        times = []
-        for _ in range(2):
+
+    def timed(fn):
+        def run():
             t0 = time.perf_counter()
             fn(model, prompt, new_tokens)
-            times.append(time.perf_counter() - t0)
-        best[name] = min(times)
+            return time.perf_counter() - t0
+        return run
+
+    best = best_of(2, {"uncached": timed(generate_uncached), "cached": timed(generate_cached)},
+                   lambda seconds: seconds)
     return best["uncached"] / best["cached"]
 
 
@@ -64,7 +67,7 @@ CLAIMS = [
           fmt="{:.1f}x".format),
     exact("greedy replies identical, cached vs uncached (5 configs x 4 prompts)", "20 of 20",
           identical_replies, fmt="{} of 20".format),
-    at_least("wall-clock speed-up on this CPU (nanoserve-tiny, 128 new tokens)", "≥ 3x", 3.0,
+    at_least("wall-clock speed-up on this CPU (nanoserve-tiny, 256 new tokens)", "≥ 3x", 3.0,
              cpu_speedup, fmt="{:.1f}x".format),
     exact("KV cache per token, Llama-3.2-1B shape, bf16", "32 KiB",
           lambda: kv_bytes_per_token(LLAMA_3_2_1B, 2) / 1024, fmt="{:.0f} KiB".format),

@@ -54,7 +54,7 @@ def work_figure():
     # Right panel: a contiguous cache reserves max_len positions per sequence up front.
     tmax = 2048
     used = [("request A", 500), ("request B", 1730), ("request C", 120), ("request D", 910)]
-    for row, (name, n_used) in enumerate(used):
+    for row, (_, n_used) in enumerate(used):
         y = len(used) - 1 - row
         bx.barh(y, n_used, height=0.62, color=COLORS["memory"], edgecolor=COLORS["ink"], lw=0.8)
         bx.barh(y, tmax - n_used, left=n_used, height=0.62, color=COLORS["waste"], alpha=0.3,
