@@ -7,6 +7,8 @@ small Llama for the claim that matters: a cramped engine and a roomy one give id
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.bench.sched import run_scheduled
@@ -233,3 +235,186 @@ def test_seeded_sampling_survives_preemption(hf_checkpoint):
     a = [o.token_ids for o in LLM(path, **kw).generate(prompts, params)]
     assert a == [o.token_ids for o in cramped.generate(prompts, params)]
     assert cramped.stats.preemptions > 0
+
+
+# ------------------------------------------------------------------ more of the scheduler half
+
+def test_a_victim_goes_ahead_of_older_waiting_requests():
+    s = inc(4, slots=2)
+    a, b, c = req("a", 4, 12), req("b", 4, 12), req("c", 4, 4)
+    for r in (a, b, c):
+        s.add(r)
+    while b.num_preemptions == 0:
+        step(s)
+    assert list(s.waiting)[0] is b  # the head: it had started, so it resumes first
+
+
+def test_several_victims_in_one_call_keep_their_age_order_in_the_queue():
+    s = inc(8, slots=4)
+    reqs = [req(i, 4, 12) for i in range(4)]
+    for r in reqs:
+        s.add(r)
+    preempted = []
+    while len(preempted) < 2:
+        preempted += step(s).preempted
+    waiting = [r for r in s.waiting if r.num_preemptions]
+    assert [r.arrival for r in waiting] == sorted(r.arrival for r in waiting)
+
+
+def test_a_preempted_request_is_not_decoded_in_that_iteration():
+    s = inc(4, slots=2)
+    a, b = req("a", 4, 12), req("b", 4, 12)
+    s.add(a)
+    s.add(b)
+    while True:
+        out = s.schedule()
+        if out.preempted:
+            break
+        for r in out.admitted + out.decode:
+            r.append_token(5)
+    assert b in out.preempted and b not in out.decode and b not in out.admitted
+
+
+def test_on_release_sees_the_victims_blocks_before_they_go_back():
+    seen = []
+    s = inc(4, slots=2, on_release=lambda r: seen.append((r.request_id, len(r.blocks))))
+    a, b = req("a", 4, 12), req("b", 4, 12)
+    s.add(a)
+    s.add(b)
+    while b.num_preemptions == 0:
+        step(s)
+    assert seen == [("b", 2)]
+
+
+def test_recomputed_tokens_accumulate_over_resumes():
+    s = inc(4, slots=2)
+    a, b = req("a", 4, 12), req("b", 4, 12)
+    s.add(a)
+    s.add(b)
+    resumed = []
+    while s.has_unfinished():
+        out = step(s)
+        resumed += [r.num_tokens - 1 for r in out.admitted if r.num_preemptions]
+    assert s.recomputed_tokens == sum(resumed) and resumed
+
+
+def test_aborting_a_preempted_request():
+    s = inc(4, slots=2)
+    a, b = req("a", 4, 12), req("b", 4, 12)
+    s.add(a)
+    s.add(b)
+    while b.num_preemptions == 0:
+        step(s)
+    s.abort(b)
+    assert b.finish_reason == "abort" and b.blocks == [] and b not in s.waiting
+    while s.has_unfinished():
+        step(s)
+    assert s.allocator.num_free == 4
+
+
+def test_reserve_never_preempts_it_waits():
+    s = Scheduler(BlockAllocator(8, 4), 4, allocation="reserve")
+    reqs = [req(i, 4, 12) for i in range(4)]
+    for r in reqs:
+        s.add(r)
+    while s.has_unfinished():
+        step(s)
+    assert s.preemptions == 0 and s.blocked_on_blocks > 0
+
+
+def test_incremental_runs_more_rows_at_once_than_reserve():
+    def peak(policy):
+        s = Scheduler(BlockAllocator(24, 4), 4, allocation=policy)
+        for i in range(4):
+            s.add(req(i, 5, 24))
+        most = 0
+        while s.has_unfinished():
+            most = max(most, step(s).num_scheduled)
+        return most
+    assert (peak("reserve"), peak("incremental")) == (3, 4)
+
+
+def test_a_request_finishing_at_a_boundary_is_released_not_grown():
+    s = inc(3, slots=2)
+    a = req("a", 4, 5)  # its last token arrives as it would cross into a third block
+    b = req("b", 4, 8)
+    s.add(a)
+    s.add(b)
+    while a.state is not F:
+        step(s)
+    out = s.schedule()
+    assert a in out.finished and not out.preempted
+
+
+def test_a_resumed_request_keeps_its_seniority():
+    s = inc(6, slots=3)
+    reqs = [req(i, 4, 16) for i in range(3)]
+    for r in reqs:
+        s.add(r)
+    while reqs[2].num_preemptions == 0:
+        step(s)
+    assert reqs[2].arrival == 2  # it comes back as the same age, not as a newcomer
+    late = req("late", 2, 2)
+    s.add(late)
+    assert late.arrival == 3
+
+
+@settings(max_examples=40, deadline=None)
+@given(slots=st.integers(1, 5), num_blocks=st.integers(6, 24),
+       wants=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 14)), min_size=1,
+                      max_size=14))
+def test_random_incremental_workloads(slots, num_blocks, wants):
+    s = inc(num_blocks, slots=slots)
+    reqs = []
+    for i, (p, m) in enumerate(wants):
+        r = req(i, p, m)
+        if s.allocator.blocks_for_length(r.worst_case_tokens) <= num_blocks:
+            s.add(r)
+            reqs.append(r)
+    while s.has_unfinished():
+        oldest = min((r for r in s.running if r.state is R), key=lambda r: r.arrival,
+                     default=None)
+        out = step(s)
+        assert oldest is None or oldest not in out.preempted or len(s.running) == 0
+        assert s.reservation_waste() == 0.0
+        assert s.fragmentation_waste() < 1.0
+    assert s.allocator.num_free == num_blocks
+    assert all(r.state is F and len(r.output_token_ids) == r.max_tokens for r in reqs)
+
+
+# ------------------------------------------------------------------ more of the model half
+
+def test_reserve_and_incremental_engines_agree(hf_checkpoint):
+    path = hf_checkpoint("head_dim")
+    kw = dict(dtype="float32", block_size=4, max_num_seqs=4, skip_tokenizer_init=True,
+              num_kv_blocks=16)
+    prompts = [[0, 3 + i, 7, 9 + i] for i in range(7)]
+    params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+    a = LLM(path, allocation="reserve", **kw).generate(prompts, params)
+    cramped = LLM(path, allocation="incremental", **kw)
+    b = cramped.generate(prompts, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert cramped.stats.preemptions > 0
+    assert sum(o.num_preemptions for o in b) == cramped.stats.preemptions
+
+
+def test_text_and_stop_strings_survive_preemption():
+    """The shipped model, real text, a stop string: a cramped pool changes nothing."""
+    prompts = ["The while statement", "Classes provide", "The import statement", "A list"]
+    params = SamplingParams(temperature=0, max_tokens=40, stop=["\n\n"])
+    roomy = LLM(block_size=4).generate(prompts, params)
+    cramped_llm = LLM(block_size=4, num_kv_blocks=16)
+    cramped = cramped_llm.generate(prompts, params)
+    assert [(o.text, o.finish_reason) for o in roomy] == \
+        [(o.text, o.finish_reason) for o in cramped]
+    assert cramped_llm.stats.preemptions > 0
+
+
+def test_static_batching_refuses_nothing_the_scheduler_accepts(hf_checkpoint):
+    """Door checks agree: what one batching policy admits, the other runs too."""
+    path = hf_checkpoint("gqa")
+    kw = dict(dtype="float32", block_size=4, num_kv_blocks=6, skip_tokenizer_init=True)
+    prompts, params = [[0, 1, 2]] * 3, SamplingParams(temperature=0, max_tokens=20)
+    a = LLM(path, batching="static", **kw).generate(prompts, params)
+    b = LLM(path, **kw).generate(prompts, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]

@@ -127,3 +127,13 @@ def test_package_scheduled_loop_equals_day31_snapshot():
     assert [o.token_ids for o in outs] == [r.token_ids for r in snap.replies]
     assert (llm.stats.row_steps, llm.stats.generated_tokens) == (snap.issued, snap.useful)
     assert [o.finish_iteration for o in outs] == [r.finish_iteration for r in snap.replies]
+
+
+@pytest.mark.parametrize("pool", [48, 96, 128])
+@pytest.mark.parametrize("policy", ["reserve", "incremental"])
+def test_package_harness_equals_day33_snapshot(pool, policy):
+    from chapters.day33_preemption.snapshot import harness as snap
+    from nanoserve.bench import sched as live
+
+    assert live.run_scheduled(4, 4, pool, 5, [24], 4, policy) == \
+        snap.run_scheduled(4, 4, pool, 5, [24], 4, policy)
