@@ -6,19 +6,25 @@ All of that happens in ``schedule()``, in one order that matters:
 
 1. **release** the finished: their blocks go back to the pool, their slot to the free list, and
    ``on_release`` lets the engine reset the cache row;
-2. **admit** what fits, first come first served.
+2. **grow** the running (Day 33): oldest first, each gets the block its next token needs; when
+   the pool is dry the youngest running request is *preempted* (blocks and slot back, generated
+   tokens kept, head of the waiting queue) and later resumes by recomputing its K/V;
+3. **admit** what fits, first come first served.
 
 Reversed, a slot freed this iteration would sit idle until the next one: correct output, one
 wasted row per completion, and no correctness test would notice.
 
 Admission needs two resources, checked separately because they run out for different reasons: a
-*slot* (a row of the batched cache, handed out lowest index first) and *KV blocks* (Week 8 books
-``worst_case_tokens`` in one all-or-nothing allocation: prompt plus the whole remaining budget,
-which guarantees an admitted request never runs short). Out of slots: the batch is at capacity
-while memory remains. Out of blocks: memory is exhausted while rows remain.
-``blocked_on_slots`` and ``blocked_on_blocks`` count each. The
-queue is FIFO and never skips a blocked head: looking past it for a smaller request raises
-utilisation today and starves large prompts forever.
+*slot* (a row of the batched cache, handed out lowest index first) and *KV blocks*. How many
+blocks is ``blocks_needed_for``, the only allocation rule, under one of two policies:
+``"incremental"`` (Day 33, the engine's default) buys what the tokens occupy, a block at a time;
+``"reserve"`` (Week 8) books ``worst_case_tokens`` in one all-or-nothing allocation, prompt plus
+the whole remaining budget, which guarantees an admitted request never runs short and never needs
+preempting, at the price of memory nobody writes. Out of slots: the batch is at capacity while
+memory remains. Out of blocks: memory is exhausted while rows remain.
+``blocked_on_slots`` and ``blocked_on_blocks`` count each. The queue is FIFO and never skips a
+blocked head: looking past it for a smaller request raises utilisation today and starves large
+prompts forever.
 
 A door check in ``add`` refuses any request whose worst case exceeds the whole empty pool: it
 could never be admitted, and waiting for it would hang.

@@ -6,7 +6,7 @@ reports, beside throughput: preemptions per request, the recompute bill as a sha
 token positions the model computed, and the latency of requests that were preempted against
 those that ran straight through.
 
-    nanoserve bench batch --requests 16 --num-kv-blocks 24 --block-size 4 --max-num-seqs 8 --json
+    nanoserve bench batch --requests 12 --num-kv-blocks 24 --block-size 4 --max-num-seqs 8 --json
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt-lens", default="4,24", help="min,max prompt tokens")
-    p.add_argument("--gen-lens", default="8,48", help="min,max generated tokens")
+    p.add_argument("--gen-lens", default="8,40", help="min,max generated tokens")
     p.add_argument("--block-size", type=int, default=4)
     p.add_argument("--num-kv-blocks", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=8)
