@@ -20,8 +20,6 @@ request lets go of it, before anyone else can land there.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from .block_allocator import BlockAllocator
@@ -98,15 +96,7 @@ class Engine:
         logits = self._forward(rows, token_lists)  # (B, V)
         tokens = sample(logits, [r.params for r in requests],
                         [r.generator for r in requests]).tolist()
-        now = time.perf_counter()
-        finished = []
-        for r, t in zip(requests, tokens, strict=True):
-            if r.metrics is not None:
-                r.metrics.first_token_time = r.metrics.first_token_time or now
-                r.metrics.last_token_time = now
-            if r.append_token(t):
-                finished.append(r)
-        return finished
+        return [r for r, t in zip(requests, tokens, strict=True) if r.append_token(t)]
 
     def step(self, out) -> list[Request]:
         """One iteration: prefill the admitted, decode the running; returns who finished."""

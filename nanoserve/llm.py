@@ -35,7 +35,7 @@ from .config import ModelConfig
 from .engine import Engine
 from .request import Request, RequestMetrics, RequestState
 from .sampling import SamplingParams, sample
-from .scheduler import ALLOCATION_POLICIES, Scheduler
+from .scheduler import ALLOCATION_POLICIES, Scheduler, door_check
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .weights import load_model
 
@@ -178,13 +178,8 @@ class LLM:
         now = time.perf_counter()
         reqs = [self._request(i, text, ids, sp, now)
                 for i, ((text, ids), sp) in enumerate(zip(encoded, sampling_params, strict=True))]
-        pool = self.engine.allocator
-        for i, r in enumerate(reqs):  # the door check: what the empty pool can never hold
-            need = pool.blocks_for_length(r.worst_case_tokens)
-            if need > pool.num_blocks:
-                raise ValueError(f"prompt {i}: prompt + max_tokens = {r.worst_case_tokens} "
-                                 f"tokens need {need} KV blocks; the pool has "
-                                 f"{pool.num_blocks} (raise num_kv_blocks or lower max_tokens)")
+        for i, r in enumerate(reqs):  # before any work, for every batching policy
+            door_check(self.engine.allocator, r, f"prompt {i}")
         self.stats.requests += len(reqs)
         self.stats.prompt_tokens += sum(len(t) for _, t in encoded)
         return reqs, [text for text, _ in encoded]
@@ -268,12 +263,9 @@ class LLM:
                 done = set()
                 while True:
                     iteration += 1
-                    now = time.perf_counter()
                     for row, r, tok in zip(rows, wave, self._sample(logits, wave), strict=True):
                         if row in done:
                             continue
-                        r.metrics.first_token_time = r.metrics.first_token_time or now
-                        r.metrics.last_token_time = now
                         if r.append_token(tok):
                             done.add(row)
                             r.finish_iteration = iteration
@@ -305,7 +297,6 @@ class LLM:
             e.tokens_computed += len(seq)
             iteration += 1
             tok = self._sample(self.model.compute_logits(h[:, -1]), [r])[0]
-            r.metrics.last_token_time = time.perf_counter()
             if r.append_token(tok):
                 break
         r.finish_iteration = iteration

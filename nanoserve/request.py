@@ -21,6 +21,7 @@ budgeted token is EOS finishes with "stop", not "length".
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -127,6 +128,10 @@ class Request:
             raise IllegalTransition(f"request {self.request_id!r} is {self.state.value}; "
                                     f"only a running request takes tokens")
         self.output_token_ids.append(token)
+        if self.metrics is not None:
+            now = time.perf_counter()
+            self.metrics.first_token_time = self.metrics.first_token_time or now
+            self.metrics.last_token_time = now
         delta = self.detokenizer.push(token) if self.detokenizer is not None else ""
         if token in self.eos_token_ids or token in self.stop_token_ids:
             self.finish("stop", token)

@@ -55,6 +55,18 @@ class SchedulerOutput:
         return len(self.admitted) + len(self.decode)
 
 
+def door_check(allocator: BlockAllocator, request: Request, who: str) -> None:
+    """Refuse a request whose worst case exceeds the whole empty pool: it could never run, and
+    waiting for it would hang. Under incremental allocation it is also what guarantees that a
+    request left alone in the pool always fits."""
+    need = allocator.blocks_for_length(request.worst_case_tokens)
+    if need > allocator.num_blocks:
+        raise ValueError(
+            f"{who}: prompt + max_tokens = {request.worst_case_tokens} tokens need {need} KV "
+            f"blocks; the pool has {allocator.num_blocks} of {allocator.block_size} tokens, so "
+            f"it could never run (raise num_kv_blocks or lower max_tokens)")
+
+
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, max_num_seqs: int,
                  allocation: str = "reserve",
@@ -87,13 +99,7 @@ class Scheduler:
         if request.state is not RequestState.WAITING:
             raise ValueError(f"request {request.request_id!r} is {request.state.value}, "
                              f"not waiting")
-        need = self.allocator.blocks_for_length(request.worst_case_tokens)
-        if need > self.allocator.num_blocks:
-            raise ValueError(
-                f"request {request.request_id!r}: prompt + max_tokens = "
-                f"{request.worst_case_tokens} tokens need {need} KV blocks, but the pool has "
-                f"{self.allocator.num_blocks} of {self.allocator.block_size} tokens; it could "
-                f"never run (raise num_kv_blocks or lower max_tokens)")
+        door_check(self.allocator, request, f"request {request.request_id!r}")
         request.arrival = self._arrivals  # seniority: who is older, for victim choice
         self._arrivals += 1
         self.waiting.append(request)

@@ -104,3 +104,10 @@ def test_stats_count_tokens_computed(llm):
     before = llm.stats.tokens_computed
     llm.generate([[3, 4, 5, 6]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     assert llm.stats.tokens_computed - before == 4 + 4  # prompt once, then one per new token
+
+
+@pytest.mark.parametrize("kw", [{"enable_kv_cache": False}, {"batching": "static"}, {}])
+def test_every_path_records_token_times(hf_checkpoint, kw):
+    llm = LLM(hf_checkpoint("gqa"), dtype="float32", skip_tokenizer_init=True, **kw)
+    m = llm.generate([[3, 4]], SamplingParams(temperature=0, max_tokens=3))[0].metrics
+    assert m.arrival_time <= m.first_token_time <= m.last_token_time <= m.finished_time

@@ -195,7 +195,7 @@ def test_full_batch_and_dry_pool_are_told_apart():
 
 def test_door_check_refuses_what_could_never_run():
     s = sched(num_blocks=4, block_size=4)
-    with pytest.raises(ValueError, match="need 5 KV blocks, but the pool has 4"):
+    with pytest.raises(ValueError, match="need 5 KV blocks; the pool has 4"):
         s.add(req("huge", prompt_len=10, max_tokens=10))
     assert not s.waiting
     exact = req("fits", prompt_len=8, max_tokens=8)  # exactly the whole pool
