@@ -25,7 +25,7 @@ import torch
 from .block_allocator import BlockAllocator
 from .paged import BatchedPagedKVCache
 from .request import Request
-from .sampling import sample
+from .sampling import sample_requests
 
 
 class Engine:
@@ -94,8 +94,7 @@ class Engine:
             self.sync_blocks(r)
         rows = [r.slot for r in requests]
         logits = self._forward(rows, token_lists)  # (B, V)
-        tokens = sample(logits, [r.params for r in requests],
-                        [r.generator for r in requests]).tolist()
+        tokens = sample_requests(logits, requests)
         return [r for r, t in zip(requests, tokens, strict=True) if r.append_token(t)]
 
     def step(self, out) -> list[Request]:

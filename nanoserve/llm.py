@@ -17,6 +17,11 @@ last member is done, computing and holding every finished row until then; and
 ``enable_kv_cache=False`` (Day 4) recomputes the whole sequence for every token. ``stats`` and
 each output's ``metrics`` and ``finish_iteration`` record what each way costs.
 
+Since Day 36 the continuous path runs over the long-lived ``EngineCore`` (``core.py``): one
+scheduler for the LLM's whole life, and ``generate`` adds its requests and steps the core until it
+is drained, then asserts that every block and slot is back. The async engine and the server drive
+the same core.
+
 A reply ends by the first rule that fires, checked in this order after every token: an EOS id
 (unless ``ignore_eos``), a ``stop_token_ids`` id, a ``stop`` string (the text is cut before it),
 all "stop"; then the ``max_tokens`` budget, then the end of the context, both "length".
@@ -32,11 +37,12 @@ from pathlib import Path
 import torch
 
 from .config import ModelConfig
+from .core import EngineCore
 from .engine import Engine
 from .request import Request, RequestMetrics, RequestState
-from .sampling import SamplingParams, sample
-from .scheduler import ALLOCATION_POLICIES, Scheduler, door_check
-from .tokenizer import IncrementalDetokenizer, Tokenizer
+from .sampling import SamplingParams, sample_requests
+from .scheduler import ALLOCATION_POLICIES
+from .tokenizer import Tokenizer
 from .weights import load_model
 
 DEFAULT_MODEL = Path(__file__).resolve().parent / "checkpoints" / "nanoserve-tiny"
@@ -45,7 +51,7 @@ DEFAULT_KV_BYTES = 1 << 30  # without num_kv_blocks, the pool is at most 1 GiB
 
 @dataclass(slots=True)
 class RequestOutput:
-    request_id: int
+    request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
@@ -55,12 +61,14 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     finish_iteration: int | None = None  # the iteration (1-based) that produced its last token
     num_preemptions: int = 0
+    logprobs: list | None = None  # one TokenLogprob per token when params.logprobs is set
 
     @classmethod
     def of(cls, r: Request, prompt: str | None) -> RequestOutput:
+        wanted = r.params is not None and r.params.logprobs is not None
         return cls(r.request_id, prompt, r.prompt_token_ids, r.output_token_ids, r.text,
                    r.finish_reason, r.stop_reason, r.metrics, r.finish_iteration,
-                   r.num_preemptions)
+                   r.num_preemptions, list(r.logprobs) if wanted else None)
 
 
 @dataclass(slots=True)
@@ -119,6 +127,8 @@ class LLM:
             num_kv_blocks = max(1, min(full, DEFAULT_KV_BYTES // per_block))
         self.engine = Engine(self.model, num_kv_blocks, block_size, max_num_seqs,
                              self.max_model_len)
+        self.core = EngineCore(self.engine, self.tokenizer, self.eos_token_ids,
+                               self.max_model_len, cfg.vocab_size, max_num_seqs, allocation)
         self.stats = Stats()
 
     # ---------------------------------------------------------------- input checks
@@ -130,34 +140,8 @@ class LLM:
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer; this LLM was built with "
                                  "skip_tokenizer_init=True, so pass token ids")
-            text, ids = prompt, self.tokenizer.encode(prompt)
-        else:
-            text, ids = None, [int(t) for t in prompt]
-        if not ids:
-            raise ValueError(f"prompt {i} is empty")
-        V = self.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < V]
-        if bad:
-            raise ValueError(f"prompt {i}: token id {bad[0]} is outside the vocabulary "
-                             f"(vocab_size={V})")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt {i} has {len(ids)} tokens; max_model_len is "
-                             f"{self.max_model_len} and generation needs one free position")
-        return text, ids
-
-    def _request(self, i: int, text: str | None, ids: list[int], sp: SamplingParams,
-                 now: float) -> Request:
-        budget = self.max_model_len - len(ids)
-        if sp.max_tokens is not None:
-            budget = min(budget, sp.max_tokens)
-        detok = (IncrementalDetokenizer(self.tokenizer, ids, sp.skip_special_tokens)
-                 if self.tokenizer else None)
-        r = Request(self.stats.requests + i, ids, max_tokens=budget,
-                    eos_token_ids=frozenset() if sp.ignore_eos else self.eos_token_ids,
-                    stop_token_ids=frozenset(sp.stop_token_ids), stop=tuple(sp.stop),
-                    detokenizer=detok, generator=sp.make_generator(self.device), params=sp)
-        r.metrics = RequestMetrics(now)
-        return r
+            return prompt, self.tokenizer.encode(prompt)
+        return None, [int(t) for t in prompt]
 
     def _admit(self, prompts, sampling_params) -> tuple[list[Request], list[str | None]]:
         """Validate everything first: a bad request anywhere means no work starts."""
@@ -172,14 +156,10 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(sampling_params)} "
                              f"SamplingParams")
-        for sp in sampling_params:
-            sp.check_vocab(self.config.vocab_size)
         encoded = [self._prompt_ids(i, p) for i, p in enumerate(prompts)]
-        now = time.perf_counter()
-        reqs = [self._request(i, text, ids, sp, now)
-                for i, ((text, ids), sp) in enumerate(zip(encoded, sampling_params, strict=True))]
-        for i, r in enumerate(reqs):  # before any work, for every batching policy
-            door_check(self.engine.allocator, r, f"prompt {i}")
+        first = self.stats.requests
+        reqs = [self.core.make_request(str(first + i), ids, sp, who=f"prompt {i}")
+                for i, ((_, ids), sp) in enumerate(zip(encoded, sampling_params, strict=True))]
         self.stats.requests += len(reqs)
         self.stats.prompt_tokens += sum(len(t) for _, t in encoded)
         return reqs, [text for text, _ in encoded]
@@ -204,37 +184,24 @@ class LLM:
         self.stats.row_steps += e.row_steps - before[1]
         self.stats.tokens_computed += e.tokens_computed - before[2]
         self.stats.generated_tokens += sum(len(r.output_token_ids) for r in reqs)
-        pool = e.allocator
-        pool.check_invariants()
-        assert pool.num_free == pool.num_blocks, "a KV block leaked"
+        self.core.check_drained()
         return [RequestOutput.of(r, text) for r, text in zip(reqs, texts, strict=True)]
 
     def _run_continuous(self, reqs: list[Request], each_iteration=None) -> None:
-        """Continuous batching (Day 31): schedule, step, repeat until every request is done.
-        ``each_iteration(scheduler, iteration)``, if given, runs before every schedule (the
-        stress test aborts requests and checks invariants there)."""
-        sched = Scheduler(self.engine.allocator, self.max_num_seqs, allocation=self.allocation,
-                          on_release=self.engine.release_row)
+        """Continuous batching (Day 31) over the engine core (Day 36): add every request, then
+        step until the core is drained. ``each_iteration(scheduler, iteration)``, if given, runs
+        before every step (the stress test aborts requests and checks invariants there)."""
+        core, sched = self.core, self.core.scheduler
+        before = (core.counters.iterations, sched.preemptions, sched.recomputed_tokens)
         for r in reqs:
-            sched.add(r)
-        iteration = 0
-        while True:
-            if each_iteration is not None:
-                each_iteration(sched, iteration)
-            out = sched.schedule()
-            now = time.perf_counter()
-            for r in out.finished:
-                r.metrics.finished_time = now
-            if out.num_scheduled == 0:
-                if sched.has_unfinished():
-                    raise RuntimeError("the scheduler made no progress with requests waiting")
-                break
-            iteration += 1
-            for r in self.engine.step(out):
-                r.finish_iteration = iteration
-        self.stats.iterations += iteration
-        self.stats.preemptions += sched.preemptions
-        self.stats.recomputed_tokens += sched.recomputed_tokens
+            core.add(r)
+        core.run_to_completion(each_iteration)
+        for r in reqs:  # the iteration of this call that produced its last token (1-based)
+            if r.finish_iteration is not None:
+                r.finish_iteration -= before[0]
+        self.stats.iterations += core.counters.iterations - before[0]
+        self.stats.preemptions += sched.preemptions - before[1]
+        self.stats.recomputed_tokens += sched.recomputed_tokens - before[2]
 
     def _next_wave(self, pending: deque[Request]) -> list[Request]:
         """Arrival order, up to max_num_seqs, while every member's worst case fits the pool."""
@@ -282,7 +249,7 @@ class LLM:
         self.stats.iterations += iteration
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
-        return sample(logits, [r.params for r in reqs], [r.generator for r in reqs]).tolist()
+        return sample_requests(logits, reqs)
 
     def _run_uncached(self, r: Request) -> None:
         """Day 4: no cache, one sequence, the whole sequence recomputed for each new token."""

@@ -9,7 +9,9 @@ moves the engine can make, and any other, including a self-transition, raises
 
 ``append_token`` applies the stop rules in a fixed order: EOS (and ``stop_token_ids``, and
 ``stop`` strings when a detokenizer is attached) first, then the budget. So a request whose last
-budgeted token is EOS finishes with "stop", not "length".
+budgeted token is EOS finishes with "stop", not "length". While the output is shorter than
+``min_tokens`` the stop rules are silent (vLLM's rule; the sampler masks EOS meanwhile), but the
+budget is not.
 
 >>> r = Request(0, [1, 2, 3], max_tokens=2)
 >>> r.transition(RequestState.RUNNING); r.append_token(7), r.append_token(8)
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from .sampling import TokenLogprob
     from .tokenizer import IncrementalDetokenizer
 
 
@@ -64,11 +67,16 @@ class Request:
                  eos_token_ids: frozenset[int] = frozenset(),
                  stop_token_ids: frozenset[int] = frozenset(), stop: tuple[str, ...] = (),
                  detokenizer: IncrementalDetokenizer | None = None,
-                 generator: torch.Generator | None = None, params=None):
+                 generator: torch.Generator | None = None, params=None,
+                 min_tokens: int | None = None):
         if not prompt_token_ids:
             raise ValueError(f"request {request_id}: empty prompt")
         if max_tokens < 1:
             raise ValueError(f"request {request_id}: max_tokens must be >= 1, got {max_tokens}")
+        if min_tokens is None:  # by default the SamplingParams' own, so sampler and stop agree
+            min_tokens = getattr(params, "min_tokens", 0)
+        if min_tokens < 0:
+            raise ValueError(f"request {request_id}: min_tokens must be >= 0, got {min_tokens}")
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -79,6 +87,8 @@ class Request:
         self.detokenizer = detokenizer
         self.generator = generator
         self.params = params  # the SamplingParams the sampler reads
+        self.min_tokens = min_tokens  # stop rules wait until the output has this many tokens
+        self.logprobs: list[TokenLogprob] = []  # one per output token when params.logprobs
         self.state = RequestState.WAITING
         self.slot: int | None = None  # the batch row it occupies while running
         self.blocks: list[int] = []  # the KV blocks it holds
@@ -133,7 +143,9 @@ class Request:
             self.metrics.first_token_time = self.metrics.first_token_time or now
             self.metrics.last_token_time = now
         delta = self.detokenizer.push(token) if self.detokenizer is not None else ""
-        if token in self.eos_token_ids or token in self.stop_token_ids:
+        if len(self.output_token_ids) < self.min_tokens:
+            pass  # too short to stop (vLLM's rule); from the min_tokens-th token on, it may
+        elif token in self.eos_token_ids or token in self.stop_token_ids:
             self.finish("stop", token)
         elif self.stop and delta:
             text = self.detokenizer.text

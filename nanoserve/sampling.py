@@ -5,25 +5,54 @@ rows with sampled ones. The parameters are validated once, at the door, so a bad
 ``ValueError`` naming the field rather than a NaN three layers down. The sampler then turns one
 row of logits per request into one token id per request.
 
-The order of operations follows vLLM: temperature, then top-k, then top-p, then a draw.
-Temperature 0 (below 1e-5, as in vLLM) means greedy (argmax), with no randomness consumed.
-Top-p keeps the smallest set of tokens whose probability reaches ``top_p``, *including* the token
-that crosses the threshold:
+The order of operations follows vLLM. Logprobs are read off the raw model logits first (vLLM's
+default "raw_logprobs"). Then the penalties edit the raw logits: ``repetition_penalty`` for every
+token seen in the prompt or the output (a positive logit is divided by it, a negative one
+multiplied), ``frequency_penalty`` times each token's count in the output, ``presence_penalty``
+once per token present in the output; and while a request is short of ``min_tokens`` its EOS and
+``stop_token_ids`` are masked out. Then temperature, top-k, top-p, min-p, and the draw.
+Temperature 0 (below 1e-5, as in vLLM) means greedy (argmax of the penalised logits), with no
+randomness consumed. Top-p keeps the smallest set of tokens whose probability reaches ``top_p``,
+*including* the token that crosses the threshold:
 
 >>> import torch
 >>> probs = torch.tensor([[0.5, 0.3, 0.2]])
 >>> top_p_mask(probs, torch.tensor([0.6])).tolist()  # 0.5 < 0.6, so 0.3 is kept too
 [[True, True, False]]
+
+Min-p keeps the tokens at least ``min_p`` times as likely as the most likely one:
+
+>>> min_p_mask(probs, torch.tensor([0.5])).tolist()  # 0.2 < 0.5 * 0.5
+[[True, True, False]]
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from .request import Request
+
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy; dividing by them overflows
+MAX_LOGPROBS = 20  # the most top alternatives a request may ask for (OpenAI's limit)
+
+
+def _check_float(name: str, value: float, lo: float, hi: float, interval: str) -> None:
+    """Refuse non-numbers, NaN and infinities, then anything outside ``[lo, hi]``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a float, got {value!r}")
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise ValueError(f"{name} must be in {interval}, got {value}")
+
+
+def _check_int(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
 
 
 @dataclass(slots=True)
@@ -37,6 +66,12 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    min_p: float = 0.0  # 0: off
+    presence_penalty: float = 0.0  # 0: off
+    frequency_penalty: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off
+    min_tokens: int = 0  # EOS and stop rules wait until the output has this many tokens
+    logprobs: int | None = None  # None: off; k: the sampled token's logprob and the top k
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:  # also catches NaN
@@ -47,6 +82,23 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        _check_float("min_p", self.min_p, 0.0, 1.0, "[0, 1]")
+        _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0, "[-2, 2]")
+        _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "[-2, 2]")
+        _check_float("repetition_penalty", self.repetition_penalty, 0.0, math.inf, "(0, inf)")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _check_int("min_tokens", self.min_tokens)
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, "
+                             f"got {self.min_tokens}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs)
+            if not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be None or in [0, {MAX_LOGPROBS}], "
+                                 f"got {self.logprobs}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -57,6 +109,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def penalised(self) -> bool:
+        """Does any penalty change the logits? (All three off is the common, free case.)"""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1)
 
     def check_vocab(self, vocab_size: int) -> None:
         for t in self.stop_token_ids:
@@ -72,6 +130,17 @@ class SamplingParams:
         seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(8)) >> 1
         g.manual_seed(seed)  # never touches the global RNG
         return g
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One sampled token's logprob (from the raw logits), its rank (1 = the most likely; ties
+    count against it, as in vLLM) and the top ``logprobs`` (token id, logprob), descending."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
 
 
 def top_k_mask(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -93,6 +162,12 @@ def top_p_mask(probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
+def min_p_mask(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """probs (B, V), min_p (B,) -> keep-mask: prob >= min_p * the row's largest prob. The
+    probs need not be normalised: the test is a ratio, so masking zeros elsewhere is harmless."""
+    return probs >= min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+
+
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """logits (R, V) of sampled (non-greedy) rows -> the distribution each row draws from."""
     dev = logits.device
@@ -104,6 +179,9 @@ def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     if (p < 1).any():  # top_p = 1 is "off": a float32 cumsum can reach 1.0 before the tail
         keep = top_p_mask(probs, p) | (p[:, None] >= 1)
         probs = probs.masked_fill(~keep, 0.0)
+    if any(sp.min_p > 0 for sp in params):  # the top token always survives top-k and top-p
+        m = torch.tensor([sp.min_p for sp in params], device=dev, dtype=probs.dtype)
+        probs = probs.masked_fill(~min_p_mask(probs, m), 0.0)
     return probs
 
 
@@ -118,3 +196,80 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     for j, i in enumerate(rows):
         out[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
     return out
+
+
+def _bin_counts(histories: list[list[int]], V: int, device: torch.device) -> torch.Tensor:
+    """histories (R lists of token ids) -> counts (R, V) int64: how often each token occurs.
+    Rows are padded with the id V, which lands in a spare column that is then dropped."""
+    width = max(map(len, histories), default=0)
+    ids = torch.tensor([h + [V] * (width - len(h)) for h in histories], dtype=torch.long,
+                       device=device).reshape(len(histories), width)  # (R, T)
+    counts = torch.zeros(len(histories), V + 1, dtype=torch.long, device=device)
+    return counts.scatter_add_(1, ids, torch.ones_like(ids))[:, :V]  # (R, V)
+
+
+def apply_penalties(logits: torch.Tensor, prompts: list[list[int]], outputs: list[list[int]],
+                    params: list[SamplingParams]) -> torch.Tensor:
+    """logits (R, V) raw -> penalised logits (R, V), vLLM's repetition, frequency and presence
+    penalties. Repetition counts the prompt and the output; the other two the output only."""
+    R, V = logits.shape
+    dev = logits.device
+    out_counts = _bin_counts(outputs, V, dev)  # (R, V)
+    seen_out = out_counts > 0
+    seen = seen_out | (_bin_counts(prompts, V, dev) > 0)  # (R, V)
+    col = dict(device=dev, dtype=logits.dtype)
+    rep = torch.tensor([sp.repetition_penalty for sp in params], **col)[:, None]  # (R, 1)
+    rep = torch.where(seen, rep, 1.0)  # (R, V)
+    x = torch.where(logits > 0, logits / rep, logits * rep)
+    freq = torch.tensor([sp.frequency_penalty for sp in params], **col)[:, None]
+    pres = torch.tensor([sp.presence_penalty for sp in params], **col)[:, None]
+    return x - freq * out_counts.to(logits.dtype) - pres * seen_out.to(logits.dtype)
+
+
+def _token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, ks: list[int]) -> list[TokenLogprob]:
+    """raw logits (R, V), sampled tokens (R,), top counts -> one TokenLogprob per row."""
+    lp = torch.log_softmax(raw.float(), dim=-1)  # (R, V)
+    own = lp.gather(1, tokens[:, None])  # (R, 1)
+    ranks = (lp >= own).sum(dim=-1)  # (R,): 1 for the most likely token
+    top_lp, top_ids = lp.topk(min(max(ks), lp.shape[-1]), dim=-1)  # (R, K), descending
+    own, ranks = own[:, 0].tolist(), ranks.tolist()
+    top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+    return [TokenLogprob(t, own[j], ranks[j], list(zip(top_ids[j][:k], top_lp[j][:k],
+                                                       strict=True)))
+            for j, (t, k) in enumerate(zip(tokens.tolist(), ks, strict=True))]
+
+
+def sample_requests(logits: torch.Tensor, requests: list[Request]) -> list[int]:
+    """logits (B, V) float32, one row per request -> one token id per request.
+
+    Reads each request's ``params``, ``generator``, ``prompt_token_ids``, ``output_token_ids``,
+    ``eos_token_ids``, ``stop_token_ids`` and ``min_tokens``; when ``params.logprobs`` is set,
+    appends one TokenLogprob to ``request.logprobs``. With none of the penalty, min-p, min-tokens
+    or logprobs fields in use this is ``sample`` exactly, drawing the same random numbers.
+    """
+    params = [r.params for r in requests]
+    B, V = logits.shape
+    x = logits
+    pen = [i for i, sp in enumerate(params) if sp.penalised]
+    if pen:
+        x = x.clone()
+        x[pen] = apply_penalties(logits[pen], [requests[i].prompt_token_ids for i in pen],
+                                 [requests[i].output_token_ids for i in pen],
+                                 [params[i] for i in pen])
+    rows, cols = [], []  # (row, token) pairs to mask: stop ids of requests short of min_tokens
+    for i, r in enumerate(requests):
+        if len(r.output_token_ids) < r.min_tokens:
+            stops = {t for t in (*r.eos_token_ids, *r.stop_token_ids) if 0 <= t < V}
+            rows += [i] * len(stops)
+            cols += stops
+    if rows:
+        x = x.clone() if x is logits else x
+        x[rows, cols] = float("-inf")
+    tokens = sample(x, params, [r.generator for r in requests])  # (B,)
+    lp_rows = [i for i, sp in enumerate(params) if sp.logprobs is not None]
+    if lp_rows:
+        entries = _token_logprobs(logits[lp_rows], tokens[lp_rows],
+                                  [params[i].logprobs for i in lp_rows])
+        for i, e in zip(lp_rows, entries, strict=True):
+            requests[i].logprobs.append(e)
+    return tokens.tolist()

@@ -104,13 +104,15 @@ class Scheduler:
         self._arrivals += 1
         self.waiting.append(request)
 
-    def abort(self, request: Request) -> None:
-        """Finish a waiting or running request now and return its resources."""
+    def abort(self, request: Request, reason: str = "abort") -> None:
+        """Finish a waiting or running request now and return its resources; the next
+        ``schedule()`` reports it among the finished. ``reason`` is its finish_reason ("abort",
+        or "error" when the engine failed its step)."""
         if request.state is RequestState.WAITING:
             self.waiting.remove(request)
-            request.finish("abort")
+            request.finish(reason)
         elif request.state is RequestState.RUNNING:
-            request.finish("abort")
+            request.finish(reason)
             self.running.remove(request)
             self._release(request)
         else:
@@ -119,6 +121,11 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def num_unreported_aborts(self) -> int:
+        """Requests aborted since the last ``schedule()``, which will report them."""
+        return len(self._aborted)
 
     # ------------------------------------------------------------------ one iteration
 

@@ -82,7 +82,7 @@ for o in outs:
     ratio = done / last
     if len(o.token_ids) == 4:
         ratios.append(ratio)
-    print(f"  r{o.request_id - outs[0].request_id}  {len(o.token_ids):6d}  "
+    print(f"  r{int(o.request_id) - int(outs[0].request_id)}  {len(o.token_ids):6d}  "
           f"iteration {o.finish_iteration:3d}  {first * 1e3:7.1f} ms  {last * 1e3:9.1f} ms  "
           f"{done * 1e3:9.1f} ms  {ratio:8.1f}x")
 print(f"\nmedian inflation of the seven short requests: {statistics.median(ratios):.1f}x "

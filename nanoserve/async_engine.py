@@ -1,0 +1,222 @@
+"""The async engine: the engine core on a background thread, one asyncio stream per request.
+
+Why this module exists: a server handles many clients on one asyncio event loop, and a forward
+pass blocks for milliseconds to seconds. Run the model on the loop and every other client stalls;
+so the core lives on its own thread, and the two sides meet in exactly two places:
+
+- **in**: ``generate`` checks a request on the caller's side (a bad one is a ``ValueError``
+  before anything is queued) and puts it in the inbox; ``abort`` puts an abort there. The engine
+  thread takes the whole inbox at the start of every iteration, so an abort lands before the next
+  forward and the aborted request's blocks are back before that iteration ends.
+- **out**: each iteration's ``RequestDelta``s are handed to their request's ``asyncio.Queue``
+  through ``loop.call_soon_threadsafe``, the one thread-safe door into an event loop.
+
+While no request exists the thread blocks on a condition variable: no busy loop, no polling.
+Every time the core drains, the thread asserts that every block and slot is back.
+
+``async for delta in engine.generate(ids, params, "id-1")`` yields the request's deltas until one
+has ``finished``. If the consumer is cancelled, or stops iterating, the request is aborted: a
+client that hangs up costs nothing after the next iteration.
+
+Overload is refused at the door: with ``max_waiting`` set, a request that arrives while that many
+are already waiting (in the inbox or in the scheduler's queue, counted together under one lock so
+a burst cannot slip past in the iteration before it is scheduled) raises ``Overloaded``. If the
+engine thread dies, every stream gets ``EngineDead`` and so does every later request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+
+import torch
+
+from .core import RequestDelta
+from .sampling import SamplingParams
+
+
+class Overloaded(Exception):
+    """Too many requests are already waiting; try again after ``retry_after`` seconds."""
+
+    def __init__(self, waiting: int, limit: int, retry_after: int = 1):
+        super().__init__(f"{waiting} requests are already waiting (max_waiting={limit}); "
+                         f"retry later")
+        self.retry_after = retry_after
+
+
+class EngineDead(RuntimeError):
+    """The engine thread is not running (it died, or the engine is shutting down)."""
+
+
+class AsyncLLM:
+    def __init__(self, llm, max_waiting: int | None = None):
+        if max_waiting is not None and max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
+        if llm.core.driver is not None:
+            raise ValueError(f"this LLM's engine core is already driven by {llm.core.driver}")
+        self.llm = llm
+        self.core = llm.core
+        self.core.driver = "an AsyncLLM"
+        self.max_waiting = max_waiting
+        self._cond = threading.Condition()
+        self._inbox: deque[tuple[str, object]] = deque()  # ("add", Request) | ("abort", id)
+        self._inbox_adds = 0
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._accepting = True
+        self.error: BaseException | None = None  # why the engine thread died
+        self.drain_checks = 0  # times the core drained and every block was found back
+        self.iterations = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="nanoserve-engine",
+                                                daemon=True)
+                self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    @property
+    def errored(self) -> bool:
+        return self.error is not None or (self._thread is not None
+                                          and not self._thread.is_alive() and not self._stop)
+
+    async def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop accepting; let in-flight requests finish within ``timeout`` seconds, then abort
+        the rest; stop the thread. Every block is back when it returns."""
+        self._accepting = False
+        deadline = time.monotonic() + timeout
+        while self._streams and time.monotonic() < deadline and self.is_running:
+            await asyncio.sleep(0.01)
+        for request_id in list(self._streams):
+            self.abort(request_id)
+        deadline = time.monotonic() + 5.0
+        while self._streams and time.monotonic() < deadline and self.is_running:
+            await asyncio.sleep(0.01)
+        self.stop()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ requests
+
+    @property
+    def num_waiting(self) -> int:
+        """Waiting requests: those in the inbox and those in the scheduler's queue."""
+        return self._inbox_adds + self.core.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return self.core.num_running
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.core.kv_cache_usage
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.core.scheduler.preemptions
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestDelta]:
+        """Yield the request's deltas until it finishes; abort it if the consumer leaves."""
+        if self.errored:
+            raise EngineDead(f"the engine thread died: {self.error!r}")
+        if not self._accepting:
+            raise EngineDead("the engine is shutting down")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already live")
+        request = self.core.make_request(request_id, prompt_token_ids, params)
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        with self._cond:
+            waiting = self.num_waiting
+            if self.max_waiting is not None and waiting >= self.max_waiting:
+                raise Overloaded(waiting, self.max_waiting)
+            self._streams[request_id] = (loop, queue)
+            self._inbox.append(("add", request))
+            self._inbox_adds += 1
+            self._cond.notify()
+        self.start()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        with self._cond:
+            self._inbox.append(("abort", request_id))
+            self._cond.notify()
+
+    # ------------------------------------------------------------------ the engine thread
+
+    def _take_inbox(self) -> bool:
+        """Wait for work; move the inbox into the core. False when it is time to stop."""
+        with self._cond:
+            while not (self._stop or self._inbox or self.core.has_unfinished()):
+                self._cond.wait()
+            if self._stop:
+                return False
+            while self._inbox:
+                kind, item = self._inbox.popleft()
+                if kind == "add":
+                    self._inbox_adds -= 1
+                    try:
+                        self.core.add(item)
+                    except ValueError as e:  # a live duplicate id: refuse this one only
+                        self._deliver(item.request_id, e)
+                else:
+                    self.core.abort_request(item)
+            return True
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while self._take_inbox():
+                    if not self.core.has_unfinished():
+                        continue
+                    for delta in self.core.step():
+                        self._deliver(delta.request_id, delta)
+                    self.iterations += 1
+                    if not self.core.has_unfinished():
+                        self.core.check_drained()
+                        self.drain_checks += 1
+        except BaseException as e:  # noqa: BLE001 - every waiting stream must hear of it
+            self.error = e
+            dead = EngineDead(f"the engine thread died: {type(e).__name__}: {e}")
+            for request_id in list(self._streams):
+                self._deliver(request_id, dead)
+
+    def _deliver(self, request_id: str, item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        if isinstance(item, BaseException) or item.finished:
+            del self._streams[request_id]
+        loop, queue = stream
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed: nobody is listening
+            pass

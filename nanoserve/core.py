@@ -1,0 +1,274 @@
+"""The engine core: one long-lived scheduler, a request table, and one iteration at a time.
+
+Why this module exists: until Day 36 every ``LLM.generate`` call built a scheduler, ran its
+prompts to the end and threw the scheduler away. A server cannot work like that. Requests arrive
+while others run, leave when their client hangs up, and want their tokens as they come. So the
+engine gets a life of its own: ``EngineCore`` owns the ``Engine`` and one ``Scheduler`` for as
+long as it lives, and it is driven from outside, one iteration per ``step()``:
+
+- ``add_request(request_id, prompt_token_ids, params)`` checks a request and queues it; a bad
+  request is a ``ValueError`` and changes nothing; a live duplicate id is a ``ValueError`` too.
+- ``abort_request(request_id)`` finishes it now: its blocks and slot go back at once, and the next
+  ``step()`` reports it with ``finish_reason="abort"``.
+- ``step()`` runs one scheduler iteration and one engine step, and returns a ``RequestDelta`` for
+  every request that produced news: the tokens and text it gained, and whether it is done.
+- ``has_unfinished()`` says whether another ``step()`` has work (finished requests still count
+  until the step that releases their blocks).
+
+``LLM.generate`` is "add all, step until done" over this object, and the async engine is a thread
+that calls ``step()`` while requests exist. Nothing here knows about HTTP or asyncio.
+
+Streaming text has one subtlety. A stop string is cut out of the final text, so a delta must not
+hand out characters that a stop string may later claim: while a request with stop strings runs,
+the last ``len(longest stop) - 1`` characters are held back, as vLLM does, and released when the
+request finishes. The concatenated deltas therefore always equal the final text.
+
+>>> # core = EngineCore(engine, tokenizer, eos_ids, max_model_len, vocab_size, max_num_seqs=4)
+>>> # core.add_request("a", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0))
+>>> # core.step()  ->  [RequestDelta(request_id='a', new_token_ids=[17], ..., finished=False)]
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .engine import Engine
+from .request import Request, RequestMetrics, RequestState
+from .sampling import SamplingParams
+from .scheduler import Scheduler, door_check
+from .tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    """One request's news from one iteration: what its consumer has not seen yet."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    new_logprobs: list  # TokenLogprob per new token when params.logprobs is set, else []
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" once finished
+    stop_reason: int | str | None
+    num_prompt_tokens: int
+    num_output_tokens: int  # cumulative
+    error: str | None = None  # what went wrong, when finish_reason == "error"
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """What the core has already handed out for one request."""
+
+    request: Request
+    sent_tokens: int = 0
+    sent_chars: int = 0
+    hold_back: int = 0  # characters a stop string could still claim
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class CoreCounters:
+    """Cumulative, for the engine's whole life: what metrics and ``LLM.stats`` read."""
+
+    iterations: int = 0  # steps that ran the model
+    requests_added: int = 0
+    requests_finished: int = 0
+    requests_failed: int = 0  # finished with "error": a forward raised in their step
+    by_reason: dict = field(default_factory=dict)  # finish_reason -> count
+
+
+class EngineCore:
+    def __init__(self, engine: Engine, tokenizer: Tokenizer | None,
+                 eos_token_ids: frozenset[int], max_model_len: int, vocab_size: int,
+                 max_num_seqs: int, allocation: str = "incremental"):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.scheduler = Scheduler(engine.allocator, max_num_seqs, allocation=allocation,
+                                   on_release=engine.release_row)
+        self.requests: dict[str, _Tracked] = {}  # live: added and not yet reported finished
+        self.driver: str | None = None  # who steps this core; a second driver is refused
+        self.counters = CoreCounters()
+
+    # ------------------------------------------------------------------ requests in
+
+    def make_request(self, request_id: str, prompt_token_ids: list[int],
+                     params: SamplingParams, who: str | None = None) -> Request:
+        """Check one request and build it, changing nothing: ``LLM`` checks a whole batch
+        before any of it starts. ``who`` names the request in error messages."""
+        who = who or f"request {request_id!r}"
+        if not isinstance(request_id, str):
+            raise ValueError(f"{who}: request ids are strings, got {type(request_id).__name__}")
+        if request_id in self.requests:
+            raise ValueError(f"{who}: request id {request_id!r} is already live")
+        ids = [int(t) for t in prompt_token_ids]
+        if not ids:
+            raise ValueError(f"{who} is empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{who}: token id {bad[0]} is outside the vocabulary "
+                             f"(vocab_size={self.vocab_size})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"{who} has {len(ids)} tokens; max_model_len is "
+                             f"{self.max_model_len} and generation needs one free position")
+        params.check_vocab(self.vocab_size)
+        budget = self.max_model_len - len(ids)
+        if params.max_tokens is not None:
+            budget = min(budget, params.max_tokens)
+        detok = (IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+                 if self.tokenizer is not None else None)
+        device = self.engine.device
+        r = Request(request_id, ids, max_tokens=budget,
+                    eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids,
+                    stop_token_ids=frozenset(params.stop_token_ids), stop=tuple(params.stop),
+                    detokenizer=detok, generator=params.make_generator(device), params=params)
+        r.metrics = RequestMetrics(time.perf_counter())
+        door_check(self.engine.allocator, r, who)
+        return r
+
+    def add(self, request: Request) -> None:
+        """Queue a request built by ``make_request``."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already live")
+        self.scheduler.add(request)
+        hold = max((len(s) for s in request.stop), default=1) - 1
+        self.requests[request.request_id] = _Tracked(request, hold_back=hold)
+        self.counters.requests_added += 1
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams) -> Request:
+        request = self.make_request(request_id, prompt_token_ids, params)
+        self.add(request)
+        return request
+
+    def abort_request(self, request_id: str) -> bool:
+        """Finish a live request now; its blocks are back before this returns. False if the
+        id is unknown or the request already finished (a client may hang up late)."""
+        t = self.requests.get(request_id)
+        if t is None or t.request.is_finished:
+            return False
+        self.scheduler.abort(t.request)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or self.scheduler.num_unreported_aborts > 0
+
+    # ------------------------------------------------------------------ one iteration
+
+    def step(self) -> list[RequestDelta]:
+        """Schedule, run the model once, and report every request's news."""
+        out = self.scheduler.schedule()
+        now = time.perf_counter()
+        for r in out.finished:
+            r.metrics.finished_time = now
+        scheduled = out.admitted + out.decode
+        if not scheduled:
+            if self.scheduler.has_unfinished():
+                raise RuntimeError("the scheduler made no progress with requests waiting")
+            return self._deltas(out.finished)
+        self.counters.iterations += 1
+        try:
+            finished = self.engine.step(out)
+        except Exception as e:  # noqa: BLE001 - the step's requests fail, the engine lives on
+            return self._deltas(out.finished) + self._fail(scheduled, e)
+        for r in finished:
+            r.finish_iteration = self.counters.iterations
+        return self._deltas(out.finished + scheduled)
+
+    def _fail(self, requests: list[Request], error: Exception) -> list[RequestDelta]:
+        """A forward raised: every request of that step that was still running ends with
+        "error", its blocks and slot back at once; one that had already finished is reported
+        as it finished."""
+        message = f"{type(error).__name__}: {error}"
+        now = time.perf_counter()
+        for r in requests:
+            if r.state is RequestState.RUNNING:
+                self.scheduler.abort(r, reason="error")
+                r.metrics.finished_time = now
+                self.requests[r.request_id].error = message
+                self.counters.requests_failed += 1
+        return self._deltas(requests)
+
+    def _deltas(self, requests: list[Request]) -> list[RequestDelta]:
+        deltas, seen = [], set()
+        for r in requests:
+            t = self.requests.get(r.request_id)
+            if t is None or r.request_id in seen or t.request is not r:
+                continue
+            seen.add(r.request_id)
+            d = self._delta(t)
+            if d.new_token_ids or d.new_text or d.finished:
+                deltas.append(d)
+            if d.finished:
+                del self.requests[r.request_id]
+                self.counters.requests_finished += 1
+                reason = d.finish_reason
+                self.counters.by_reason[reason] = self.counters.by_reason.get(reason, 0) + 1
+        return deltas
+
+    def _delta(self, t: _Tracked) -> RequestDelta:
+        r = t.request
+        done = r.is_finished
+        new_ids = r.output_token_ids[t.sent_tokens:]
+        logprobs = getattr(r, "logprobs", None) or []
+        new_lp = list(logprobs[t.sent_tokens:t.sent_tokens + len(new_ids)])
+        if r.detokenizer is None:
+            visible = ""
+        elif done:
+            visible = r.text
+        else:
+            text = r.detokenizer.text
+            visible = text[:max(t.sent_chars, len(text) - t.hold_back)]
+        new_text = visible[t.sent_chars:]
+        t.sent_tokens += len(new_ids)
+        t.sent_chars = max(t.sent_chars, len(visible))
+        return RequestDelta(r.request_id, list(new_ids), new_text, new_lp, done,
+                            r.finish_reason if done else None, r.stop_reason if done else None,
+                            len(r.prompt_token_ids), len(r.output_token_ids),
+                            t.error if done else None)
+
+    # ------------------------------------------------------------------ what it holds
+
+    @property
+    def num_running(self) -> int:
+        return sum(1 for r in self.scheduler.running if not r.is_finished)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of the pool's blocks held by requests, 0 to 1 (vLLM's kv_cache_usage)."""
+        pool = self.engine.allocator
+        return 1 - pool.num_free / pool.num_blocks
+
+    def check_drained(self) -> None:
+        """After a drain every block is back in the pool and every slot is free."""
+        pool = self.engine.allocator
+        pool.check_invariants()
+        assert not self.scheduler.has_unfinished(), "requests are still in the scheduler"
+        assert pool.num_free == pool.num_blocks, (
+            f"a KV block leaked: {pool.num_blocks - pool.num_free} of {pool.num_blocks} held")
+        self.scheduler.check_invariants()  # every slot is free again
+        assert all(len(t) == 0 for t in self.engine.cache.tables), "a cache row kept blocks"
+
+    def run_to_completion(self, each_iteration=None) -> None:
+        """Step until nothing is left. ``each_iteration(scheduler, n)``, if given, runs before
+        every step (the stress test aborts requests and checks invariants there)."""
+        if self.driver is not None:
+            raise RuntimeError(f"this engine core is driven by {self.driver}; submit requests "
+                               f"there instead of stepping it from a second thread")
+        n = 0
+        with torch.inference_mode():
+            while self.has_unfinished():
+                if each_iteration is not None:
+                    each_iteration(self.scheduler, n)
+                n += 1
+                self.step()
+
