@@ -28,9 +28,13 @@ from .request import Request
 from .sampling import sample_requests
 
 
+class InjectedFault(RuntimeError):
+    """Raised by ``Engine.step`` on a step named in ``fail_on_step`` (tests only)."""
+
+
 class Engine:
     def __init__(self, model, num_kv_blocks: int, block_size: int, max_num_seqs: int,
-                 max_model_len: int):
+                 max_model_len: int, fail_on_step: frozenset[int] = frozenset()):
         self.model = model
         self.device = model.embed_tokens.weight.device
         self.allocator = BlockAllocator(num_kv_blocks, block_size)
@@ -39,6 +43,10 @@ class Engine:
         self.forward_passes = 0
         self.row_steps = 0  # rows issued, summed over forwards
         self.tokens_computed = 0  # real (unpadded) token positions run through the model
+        self.steps = 0  # calls of step(): one per scheduler iteration that runs the model
+        # A test hook, off by default and unreachable from HTTP: step() raises InjectedFault
+        # on these step numbers (1-based), so the tests can watch a forward fail mid-service.
+        self.fail_on_step = frozenset(fail_on_step)
 
     def _forward(self, rows: list[int], token_lists: list[list[int]],
                  hold: frozenset[int] = frozenset()) -> torch.Tensor:
@@ -99,6 +107,9 @@ class Engine:
 
     def step(self, out) -> list[Request]:
         """One iteration: prefill the admitted, decode the running; returns who finished."""
+        self.steps += 1
+        if self.steps in self.fail_on_step:
+            raise InjectedFault(f"injected fault on engine step {self.steps}")
         finished = []
         if out.admitted:  # the prefill runs over token_ids: all a request's tokens so far
             finished += self._run(out.admitted, [r.token_ids for r in out.admitted])

@@ -92,7 +92,7 @@ class LLM:
                  enable_kv_cache: bool = True, skip_tokenizer_init: bool = False,
                  block_size: int = 16, num_kv_blocks: int | None = None,
                  max_num_seqs: int = 8, batching: str = "continuous",
-                 allocation: str = "incremental"):
+                 allocation: str = "incremental", fail_on_step: tuple[int, ...] = ()):
         model_dir = Path(model) if model is not None else DEFAULT_MODEL
         if not model_dir.is_dir():
             raise ValueError(f"model folder {model_dir} does not exist")
@@ -126,7 +126,7 @@ class LLM:
             full = max_num_seqs * -(-self.max_model_len // block_size)
             num_kv_blocks = max(1, min(full, DEFAULT_KV_BYTES // per_block))
         self.engine = Engine(self.model, num_kv_blocks, block_size, max_num_seqs,
-                             self.max_model_len)
+                             self.max_model_len, fail_on_step=frozenset(fail_on_step))
         self.core = EngineCore(self.engine, self.tokenizer, self.eos_token_ids,
                                self.max_model_len, cfg.vocab_size, max_num_seqs, allocation)
         self.stats = Stats()
@@ -185,6 +185,10 @@ class LLM:
         self.stats.tokens_computed += e.tokens_computed - before[2]
         self.stats.generated_tokens += sum(len(r.output_token_ids) for r in reqs)
         self.core.check_drained()
+        failed = [r for r in reqs if r.finish_reason == "error"]
+        if failed:  # the offline API has no one to hand a half answer to: say so, loudly
+            raise RuntimeError(f"{len(failed)} of {len(reqs)} requests failed: a forward raised "
+                               f"during their step (every block is back in the pool)")
         return [RequestOutput.of(r, text) for r, text in zip(reqs, texts, strict=True)]
 
     def _run_continuous(self, reqs: list[Request], each_iteration=None) -> None:

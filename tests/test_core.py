@@ -158,3 +158,21 @@ def test_long_lived_llm_preempts_as_a_fresh_one_does():
     assert fresh.stats.preemptions > 0
     assert lived.stats.preemptions == 2 * fresh.stats.preemptions
     assert lived.stats.recomputed_tokens == 2 * fresh.stats.recomputed_tokens
+
+
+def test_the_fault_hook_fails_one_step_and_nothing_else():
+    """LLM(fail_on_step=...) is the test hook: engine step 2 raises; its requests end with
+    "error", everything is back in the pool, and later requests are served normally."""
+    from nanoserve.engine import InjectedFault
+
+    llm = LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=2,
+              fail_on_step=(2,), skip_tokenizer_init=True)
+    params = SamplingParams(max_tokens=5, **GREEDY)
+    with pytest.raises(RuntimeError, match="2 of 3 requests failed"):
+        llm.generate([[3, 4], [5, 6], [7, 8]], params)  # step 2 decodes the first two
+    llm.core.check_drained()
+    assert llm.engine.fail_on_step == {2} and issubclass(InjectedFault, RuntimeError)
+    again = llm.generate([[3, 4], [5, 6], [7, 8]], params)
+    fresh = LLM(SHIPPED, dtype="float32", block_size=4, max_num_seqs=2, skip_tokenizer_init=True)
+    assert [o.token_ids for o in again] == [o.token_ids for o in fresh.generate(
+        [[3, 4], [5, 6], [7, 8]], params)]
