@@ -81,3 +81,69 @@ def best_of(rounds: int, runs: dict, wall) -> dict:
                 if name not in best or wall(result) < wall(best[name]):
                     best[name] = result
     return best
+
+
+def meta_model(config: dict, dtype=None):
+    """The Day 1 snapshot's Llama built on the meta device in ``dtype``: every tensor has its
+    real shape and dtype and no memory, so bytes are read from the tensors a structure
+    allocates rather than computed from a config."""
+    import torch
+
+    from chapters.day01_llama_forward.snapshot.config import ModelConfig
+    from chapters.day01_llama_forward.snapshot.model import Llama
+
+    with torch.device("meta"):
+        return Llama(ModelConfig.from_dict(config)).to(dtype or torch.float32)
+
+
+def tensor_bytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class ForwardCounter:
+    """Counts what goes through a model's forward, from outside it: calls, token positions
+    (``input_ids.numel()``, padding included) and each call's (B, T). A forward pre-hook, so
+    nothing in the snapshot or the package changes, and removed on exit.
+
+    >>> with ForwardCounter(model) as fc:   # doctest: +SKIP
+    ...     generate_cached(model, prompt, 8)
+    >>> fc.calls, fc.positions              # doctest: +SKIP
+    (8, 23)
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.calls = self.positions = 0
+        self.shapes: list[tuple[int, ...]] = []
+
+    def _hook(self, module, args, kwargs):
+        ids = args[0] if args else kwargs["input_ids"]
+        self.calls += 1
+        self.positions += ids.numel()
+        self.shapes.append(tuple(ids.shape))
+
+    def __enter__(self) -> ForwardCounter:
+        self._handle = self.model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.remove()
+
+
+def hardware() -> str:
+    """What a measurement ran on, for every table that prints one: the card where CUDA is
+    present, else the CPU, with torch's (and CUDA's) version."""
+    import os
+    import platform
+
+    import torch
+
+    if torch.cuda.is_available():
+        return (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+                f"CUDA {torch.version.cuda}")
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in
+             (info.read_text().splitlines() if info.is_file() else [])
+             if line.startswith("model name")]
+    cpu = names[0] if names else platform.processor() or platform.machine()
+    return f"{cpu} ({os.cpu_count()} cores), no CUDA, torch {torch.__version__}"

@@ -5,7 +5,9 @@ diagram.py, notebook.py, claims.py); the book is those files run and put togethe
 chapter this script
 
 1. runs ``diagram.py`` (MPLBACKEND=Agg), which writes PNGs into build/figures/<chapter>/;
-2. recomputes the claims with ``chapters.runner`` and renders them as a markdown table;
+2. recomputes the claims with ``chapters.runner`` (timed ones included) and renders them as a
+   markdown table with each verdict; a failing claim that is not timed makes the build exit 1
+   once every page is written, a failing timed claim only warns;
 3. executes ``notebook.py`` in a fresh kernel and renders it with its outputs;
 4. writes build/docs/chapters/<chapter>/index.md: the prose, the claims, the notebook, with the
    figures copied next to it so that the README's ``figures/<name>.png`` links resolve.
@@ -117,22 +119,33 @@ def cpu_name() -> str:
     return names[0] if names else "this machine's CPU"
 
 
-def claims_table(ch: Chapter) -> str:
-    from chapters.runner import run_chapter
+def claims_table(ch: Chapter) -> tuple[str, list[str]]:
+    """The chapter's claims as a markdown table, every kind measured (timed ones included), and
+    the failures that must fail the build: any failing claim that is not timed. A failing timed
+    claim is shown and warned about, never fatal: load on a shared machine is not a bug."""
+    from chapters.runner import ChapterError, run_chapter
 
-    rows = ["| claim | stated | measured | verdict |", "|---|---|---|---|"]
-    results = run_chapter(ch.path)
+    try:
+        results = run_chapter(ch.path)
+    except ChapterError as e:
+        return f"## Claims\n\n**error:** {cell(e)}\n", [f"{ch.title}: {e}"]
+    rows = ["| claim | kind | stated | measured | verdict |", "|---|---|---|---|---|"]
+    fatal = []
     for r in (r for r in results if r.failed):
-        print(f"  warning: {ch.title}: claim {r.claim.name!r} {r.verdict}: {r.measured}")
+        line = f"{ch.title}: {r.claim.kind} claim {r.claim.row!r} {r.verdict}: {r.measured}"
+        print(f"  {'error' if r.blocking else 'warning'}: {line}")
+        if r.blocking:
+            fatal.append(line)
     for r in results:
-        rows.append(f"| {cell(r.claim.name)} | {cell(r.claim.stated)} | {cell(r.measured)} "
-                    f"| {cell(r.verdict)} |")
+        rows.append(f"| {cell(r.claim.row)} | {r.claim.kind} | {cell(r.stated)} "
+                    f"| {cell(r.measured)} | {cell(r.verdict)} |")
     intro = (f"Every number this chapter states, recomputed when this page was built "
              f"({time.strftime('%Y-%m-%d')}, on {cpu_name()}, torch {version('torch')}). "
-             "GPU numbers come from the measurements committed in the chapter's `results/` and "
-             "name their hardware; a GPU number with no measurement is *skipped*. "
-             f"`make chapter-{ch.day}` prints the same table.")
-    return f"## Claims\n\n{intro}\n\n" + "\n".join(rows) + "\n"
+             "Timed claims are wall-clock ratios on that machine; a failing one is shown but "
+             "does not fail the build. GPU numbers come from the measurements committed in the "
+             "chapter's `results/` and name their hardware; a GPU number with no measurement is "
+             f"*skipped*. `make chapter-{ch.day}` prints the same table.")
+    return f"## Claims\n\n{intro}\n\n" + "\n".join(rows) + "\n", fatal
 
 
 def rewrite_links(ch: Chapter, text: str, page_dir: Path, notebook_shown: bool) -> str:
@@ -164,7 +177,8 @@ def rewrite_links(ch: Chapter, text: str, page_dir: Path, notebook_shown: bool) 
     return LINK.sub(fix, text)
 
 
-def write_chapter(ch: Chapter, figures: list[Path], execute: bool) -> None:
+def write_chapter(ch: Chapter, figures: list[Path], execute: bool) -> list[str]:
+    """Write the chapter's page; return its failing claims (see claims_table)."""
     page_dir = DOCS / "chapters" / ch.name
     (page_dir / "figures").mkdir(parents=True, exist_ok=True)
     for png in figures:
@@ -172,8 +186,10 @@ def write_chapter(ch: Chapter, figures: list[Path], execute: bool) -> None:
     source = ch.path / "notebook.py"
     shown = source.is_file() and execute
     parts = [rewrite_links(ch, (ch.path / "README.md").read_text(), page_dir, shown).rstrip()]
+    fatal: list[str] = []
     if (ch.path / "claims.py").is_file():
-        parts.append(claims_table(ch))
+        table, fatal = claims_table(ch)
+        parts.append(table)
     if shown:
         nb = notebooks.execute(source, ROOT)
         (BUILD / "notebooks").mkdir(parents=True, exist_ok=True)
@@ -182,6 +198,7 @@ def write_chapter(ch: Chapter, figures: list[Path], execute: bool) -> None:
         parts.append(f"## The notebook\n\n`chapters/{ch.name}/notebook.py`, executed when this "
                      "page was built.\n\n" + notebooks.to_markdown(nb, page_dir))
     (page_dir / "index.md").write_text("\n\n".join(parts))
+    return fatal
 
 
 def modules() -> list[str]:
@@ -231,11 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(DOCS, ignore_errors=True)
     DOCS.mkdir(parents=True)
     chapters = find_chapters()
-    book = []
+    book, failed = [], []
     for ch in chapters:
         t0 = time.perf_counter()
         figures = run_diagram(ch)
-        write_chapter(ch, figures, execute=not args.no_notebooks)
+        failed += write_chapter(ch, figures, execute=not args.no_notebooks)
         book.append({"name": ch.name, "title": ch.title, "url": f"chapters/{ch.name}/",
                      "figures": referenced_figures(ch, figures)})
         print(f"  {ch.title}: {len(figures)} figure(s), {time.perf_counter() - t0:.1f}s")
@@ -255,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
                         str(SITE / "mkdocs.yml")], cwd=ROOT, check=True)
         print(f"built {(BUILD / 'site').relative_to(ROOT)}/")
     print(f"book built in {time.perf_counter() - start:.0f}s")
+    if failed:
+        print(f"book build failed: {len(failed)} claim(s) do not hold:", file=sys.stderr)
+        for line in failed:
+            print(f"  {line}", file=sys.stderr)
+        return 1
     return 0
 
 

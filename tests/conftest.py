@@ -1,4 +1,5 @@
-"""Shared pytest set-up: the gpu marker, the triton interpreter, and reference checkpoints."""
+"""Shared pytest set-up: the gpu marker, the triton interpreter, reference checkpoints, and the
+line that says how many timed chapter claims were left to the chapter targets."""
 
 from __future__ import annotations
 
@@ -21,13 +22,32 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+_CHAPTER_CLAIMS_COLLECTED = False
+
+
 def pytest_collection_modifyitems(config, items):
+    global _CHAPTER_CLAIMS_COLLECTED
+    _CHAPTER_CLAIMS_COLLECTED = any(item.path.name == "test_chapters.py" for item in items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say what the chapter checks left out: timed claims never run under pytest."""
+    if not _CHAPTER_CLAIMS_COLLECTED:
+        return
+    from chapters.runner import all_chapters, load_claims
+
+    timed = [(ch.name, c.row) for ch in all_chapters() for c in load_claims(ch)
+             if c.kind == "timed"]
+    days = sorted({int(name[3:5]) for name, _ in timed})
+    terminalreporter.write_line(
+        f"chapters: {len(timed)} timed claim(s) not run here (days {', '.join(map(str, days))}); "
+        "make chapter-N, make chapters, make site and make bench run them")
 
 
 @pytest.fixture(scope="session")

@@ -52,9 +52,30 @@ def test_top_k():
 
 
 def test_greedy_is_argmax_and_consumes_no_randomness():
+    """Greedy rows take the argmax and draw nothing: neither their own generators nor the
+    global one advance, and a sampled row beside them draws what it draws alone."""
     logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 1.0, 0.0]])
-    out = sample(logits, [SamplingParams(temperature=0)] * 2, [None, None])
+    greedy = SamplingParams(temperature=0, seed=5)
+    gens = [torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)]
+    states = [g.get_state() for g in gens]
+    global_state = torch.random.get_rng_state()
+    out = sample(logits, [greedy] * 2, gens)
     assert out.tolist() == [1, 0]
+    assert all(torch.equal(g.get_state(), s) for g, s in zip(gens, states, strict=True))
+    assert torch.equal(torch.random.get_rng_state(), global_state)
+
+    sampled = SamplingParams(temperature=1.0, seed=11)
+    wide = torch.zeros(1, 50)
+    g = sampled.make_generator()
+    alone = [int(sample(wide, [sampled], [g])[0]) for _ in range(20)]
+    g = sampled.make_generator()
+    greedy_gen = torch.Generator().manual_seed(5)
+    before = greedy_gen.get_state()
+    mixed = [int(sample(torch.cat([wide, wide]), [greedy, sampled], [greedy_gen, g])[1])
+             for _ in range(20)]
+    assert mixed == alone
+    assert torch.equal(greedy_gen.get_state(), before)
+    assert torch.equal(torch.random.get_rng_state(), global_state)
 
 
 def test_seeded_sampling_is_reproducible_and_respects_filters():

@@ -37,8 +37,12 @@ def test_more_requests_than_slots(hf_checkpoint, batching):
               block_size=4, batching=batching)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     outs = llm.generate(RAGGED, params)
+    passes, row_steps = llm.stats.forward_passes, llm.stats.row_steps  # this call only
     assert [o.token_ids for o in outs] == _each_alone(llm, RAGGED, [params] * len(RAGGED))
-    assert llm.stats.forward_passes >= 3 * 6  # three waves of six steps, at least
+    # Equal budgets: both policies run 3 + 3 + 2 requests, six forwards each (a prefill and five
+    # decode steps), and no row is computed after its last token.
+    assert passes == 3 * 6
+    assert row_steps == 8 * 6
 
 
 @pytest.mark.parametrize("batching", ["static", "continuous"])

@@ -84,7 +84,8 @@ def table(outs) -> list[float]:
                                                            m.last_token_time, m.finished_time))
         if len(o.token_ids) == 4:
             short.append(back / last)
-        print(f"  r{int(o.request_id) % 8}  {len(o.token_ids):6d}  iteration {o.finish_iteration:3d}"
+        print(f"  r{int(o.request_id) % 8}  {len(o.token_ids):6d}  "
+              f"iteration {o.finish_iteration:3d}"
               f"  {first * 1e3:8.1f} ms  {last * 1e3:9.1f} ms  {back * 1e3:9.1f} ms"
               f"  {back / last:8.2f}x")
     return short

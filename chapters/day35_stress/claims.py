@@ -23,17 +23,17 @@ def stress() -> dict:
 
 
 CLAIMS = [
-    exact("requests through the cramped pool", "40", lambda: stress()["requests"]),
-    exact("preemptions", "32", lambda: stress()["preemptions"]),
-    exact("tokens re-prefilled on resume", "646", lambda: stress()["recomputed_tokens"]),
-    exact("requests aborted mid-run", "13", lambda: stress()["aborted"]),
-    exact("requests whose tokens differ from the roomy engine's", "0",
+    exact("requests through the cramped pool", lambda: stress()["requests"]),
+    exact("preemptions", lambda: stress()["preemptions"]),
+    exact("tokens re-prefilled on resume", lambda: stress()["recomputed_tokens"]),
+    exact("requests aborted during the run", lambda: stress()["aborted"]),
+    exact("requests whose tokens differ from the roomy engine's",
           lambda: len(stress()["mismatched_requests"])),
-    exact("scheduler invariant checks, one before every iteration", "351",
+    exact("scheduler invariant checks, one before every iteration",
           lambda: stress()["invariant_checks"]),
-    exact("pool after the drain", "full",
+    exact("pool after the drain",
           lambda: "full" if stress()["pool_full_after_drain"] else "blocks missing"),
     exact("the verdict rule on a hand-made case (an aborted prefix passes, a changed token "
-          "fails)", "[2]", lambda: str(mismatches([[1, 2], [1], [1, 3]], [False, True, False],
-                                                  [[1, 2], [1, 2], [1, 2]]))),
+          "fails)", lambda: str(mismatches([[1, 2], [1], [1, 3]], [False, True, False],
+                                           [[1, 2], [1, 2], [1, 2]]))),
 ]
