@@ -1,0 +1,264 @@
+"""The OpenAI wire format as pydantic models: what a request may say, what a response says.
+
+Why this module exists: the HTTP layer should not hand-check fields. Each request body is
+validated once against these models, strictly (``"max_tokens": "10"`` and ``"n": true`` are
+errors, not guesses), and a failure names the field so the client hears ``param="max_tokens"``.
+Fields that no API defines are ignored, as vLLM does; fields OpenAI defines that this engine
+cannot honour (tools, structured output, logit bias, ...) are listed in ``UNSUPPORTED`` with the
+value that means "off", so sending them switched off is fine and switching them on is a 400.
+
+The response models mirror OpenAI's objects field for field, plus vLLM's extensions
+(``stop_reason``; ``token_ids`` and ``prompt_token_ids`` with ``return_token_ids``). ``Render``
+turns the engine's ``TokenLogprob`` into either of OpenAI's two logprob shapes: the legacy
+completions one (parallel lists) and chat's (one object per token, with its bytes).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+# ---------------------------------------------------------------------------- requests
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # accepted, ignored
+
+
+class _Sampling(_Strict):
+    """Sampling fields shared by both endpoints: OpenAI's names plus vLLM's extensions."""
+
+    model: str | None = None
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, le=2**31 - 1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # what torch.Generator takes
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=8)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0)
+    user: str | None = None  # accepted, ignored
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(0, ge=0, le=2**31 - 1)
+    skip_special_tokens: bool = True
+    return_token_ids: bool = False  # vLLM: add token_ids / prompt_token_ids to the response
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=1)  # None: vLLM's default of 16
+    logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class TextPart(_Strict):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None  # required; null only for an assistant
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    add_generation_prompt: bool = True  # vLLM extension
+
+
+# field -> the values that mean "not used"; anything else is a 400 naming the field. One list
+# for both endpoints: a client that sends tools to /v1/completions expects them to work too.
+_OFF = (None, False, [], {}, "")
+UNSUPPORTED: dict[str, tuple] = {
+    "tools": _OFF, "tool_choice": (*_OFF, "none"), "functions": _OFF,
+    "function_call": (*_OFF, "none"), "parallel_tool_calls": _OFF,
+    "response_format": (*_OFF, {"type": "text"}), "logit_bias": _OFF, "suffix": _OFF,
+    "echo": _OFF, "best_of": (*_OFF, 1), "audio": _OFF, "modalities": (*_OFF, ["text"]),
+    "prediction": _OFF, "web_search_options": _OFF, "prompt_cache_key": _OFF,
+    "cache_salt": _OFF, "guided_json": _OFF, "guided_regex": _OFF, "guided_choice": _OFF,
+    "guided_grammar": _OFF, "structured_outputs": _OFF,
+}
+
+
+def unsupported_field(body: dict) -> str | None:
+    """The first field of ``body`` that asks for something this engine does not do."""
+    for name, off in UNSUPPORTED.items():
+        if name in body and not any(body[name] == v and type(body[name]) is type(v)
+                                    for v in off):
+            return name
+    return None
+
+
+# ---------------------------------------------------------------------------- responses
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogprobs(BaseModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: str = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatLogprob] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: str = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None
+
+
+def _clamp(lp: float) -> float:
+    return max(lp, -9999.0)  # -inf is not JSON
+
+
+class Render:
+    """Token strings and logprobs in both of OpenAI's shapes (``TokenLogprob`` in)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def token(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def completion_logprobs(self, lps: list, offset: int) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for lp in lps:
+            s = self.token(lp.token_id)
+            out.tokens.append(s)
+            out.token_logprobs.append(_clamp(lp.logprob))
+            out.top_logprobs.append({s: _clamp(lp.logprob),
+                                     **{self.token(t): _clamp(v) for t, v in lp.top}})
+            out.text_offset.append(offset)
+            offset += len(s)
+        return out
+
+    def chat_logprobs(self, lps: list) -> ChatLogprobs:
+        content = []
+        for lp in lps:
+            s = self.token(lp.token_id)
+            top = [TopLogprob(token=(t := self.token(i)), logprob=_clamp(v),
+                              bytes=list(t.encode()))
+                   for i, v in lp.top]
+            content.append(ChatLogprob(token=s, logprob=_clamp(lp.logprob),
+                                       bytes=list(s.encode()), top_logprobs=top))
+        return ChatLogprobs(content=content)
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: str = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "nanoserve"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: str = "list"
+    data: list[ModelCard]
