@@ -1,0 +1,99 @@
+"""A real nanoserve server on 127.0.0.1, in this process, for the serving chapters (38-40).
+
+Why this module exists: the serving days' numbers come from real HTTP against the real server:
+``build_app`` over an ``AsyncLLM`` over the shipped nanoserve-tiny, served by uvicorn on a free
+port of 127.0.0.1 in a background thread. ``live_server()`` starts it, waits for ``/health``,
+yields a handle, and always stops it; the pool is checked on the way out. Days 39 and 40 import
+it from here. It is not a snapshot: it drives the live package on purpose.
+
+    with live_server(max_num_seqs=4) as live:
+        httpx.get(live.url + "/v1/models").json()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from chapters.common import SHIPPED
+
+# The shipped tokenizer has no chat template; the server takes one (``--chat-template``).
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+MODEL_NAME = "nanoserve-tiny"
+
+
+@dataclass
+class Live:
+    url: str
+    engine: object  # the AsyncLLM
+    llm: object  # the LLM under it
+    app: object  # the FastAPI app
+
+    @property
+    def pool(self):
+        return self.llm.engine.allocator
+
+    def idle(self, timeout: float = 10.0) -> bool:
+        """Wait (bounded) until nothing runs or waits and every block is free."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            e = self.engine
+            if (e.num_running == 0 and e.num_waiting == 0 and not e._streams
+                    and self.pool.num_free == self.pool.num_blocks):
+                return True
+            time.sleep(0.01)
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def live_server(max_num_seqs: int = 4, num_kv_blocks: int = 64, block_size: int = 4,
+                max_waiting: int | None = None, api_key: str | None = None,
+                max_body_bytes: int = 4 << 20, threads: int = 1):
+    """The shipped model (float32) behind the OpenAI API on 127.0.0.1:<free port>."""
+    import httpx
+    import torch
+    import uvicorn
+
+    from nanoserve.async_engine import AsyncLLM
+    from nanoserve.llm import LLM
+    from nanoserve.server import build_app
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    llm = LLM(SHIPPED, dtype="float32", block_size=block_size, num_kv_blocks=num_kv_blocks,
+              max_num_seqs=max_num_seqs)
+    engine = AsyncLLM(llm, max_waiting=max_waiting)
+    app = build_app(engine, MODEL_NAME, api_key=api_key, chat_template=CHAT_TEMPLATE,
+                    max_body_bytes=max_body_bytes)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
+                                           lifespan="on", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, name="day38-uvicorn", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("the server did not turn healthy within 60 s")
+            time.sleep(0.05)
+        yield Live(url, engine, llm, app)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        torch.set_num_threads(before)

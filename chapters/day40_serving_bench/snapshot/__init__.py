@@ -1,0 +1,1 @@
+"""Day 40 as it stood: the serving benchmark's arithmetic, in plain Python."""
