@@ -9,7 +9,10 @@ All of that happens in ``schedule()``, in one order that matters:
 2. **grow** the running (Day 33): oldest first, each gets the block its next token needs; when
    the pool is dry the youngest running request is *preempted* (blocks and slot back, generated
    tokens kept, head of the waiting queue) and later resumes by recomputing its K/V;
-3. **admit** what fits, first come first served.
+3. **compact** the running into rows 0..n-1 (Day 58, only with ``compact_rows=True``): each
+   request above a hole is moved into it through the engine's ``on_move`` (a relabel of the
+   cache row, no K/V copied), so a recorded decode window can replay every step;
+4. **admit** what fits, first come first served.
 
 Reversed, a slot freed this iteration would sit idle until the next one: correct output, one
 wasted row per completion, and no correctness test would notice.
@@ -26,6 +29,12 @@ memory remains. Out of blocks: memory is exhausted while rows remain.
 blocked head: looking past it for a smaller request raises utilisation today and starves large
 prompts forever.
 
+Compaction sits after growth because a preemption opens holes halfway through a batch, before
+admission because filling a hole with a newcomer would still leave the survivor above it out of
+place, and inside ``schedule()`` because the rows it writes are storage that a captured graph
+reads on every replay: between steps nothing is reading them. Off by default, and then nothing
+ever moves: a request keeps the row it was admitted to.
+
 A door check in ``add`` refuses any request whose worst case exceeds the whole empty pool: it
 could never be admitted, and waiting for it would hang.
 """
@@ -38,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .block_allocator import BlockAllocator
+from .compact import RowCompactor, RowMove
 from .request import Request, RequestState
 
 ALLOCATION_POLICIES = ("reserve", "incremental")
@@ -49,6 +59,7 @@ class SchedulerOutput:
     decode: list[Request] = field(default_factory=list)  # running: one decode step each
     finished: list[Request] = field(default_factory=list)  # released this call: answers ready
     preempted: list[Request] = field(default_factory=list)  # sent back to waiting this call
+    moves: list[RowMove] = field(default_factory=list)  # rows relabelled this call (compact_rows)
 
     @property
     def num_scheduled(self) -> int:
@@ -70,7 +81,9 @@ def door_check(allocator: BlockAllocator, request: Request, who: str) -> None:
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, max_num_seqs: int,
                  allocation: str = "reserve",
-                 on_release: Callable[[Request], None] | None = None):
+                 on_release: Callable[[Request], None] | None = None,
+                 compact_rows: bool = False,
+                 on_move: Callable[[int, int], object] | None = None):
         if allocation not in ALLOCATION_POLICIES:
             raise ValueError(f"allocation={allocation!r}; choose one of {ALLOCATION_POLICIES}")
         if max_num_seqs < 1:
@@ -79,6 +92,10 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.allocation = allocation
         self.on_release = on_release
+        # Day 58: "free" leaves every request in its row; "persistent" keeps rows 0..n-1 full.
+        # The engine puts its cache-row relabel in compactor.on_move, next to on_release.
+        self.compact_rows = compact_rows
+        self.compactor = RowCompactor("persistent" if compact_rows else "free", on_move)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._free_slots = list(range(max_num_seqs))  # a heap: the lowest free row first
@@ -130,12 +147,14 @@ class Scheduler:
     # ------------------------------------------------------------------ one iteration
 
     def schedule(self) -> SchedulerOutput:
-        """Release the finished, then grow the running, then admit what fits. The order is the
-        point: growth before admission means a newcomer never takes the block a running
-        request needs for its next token."""
+        """Release the finished, then grow the running, then compact them, then admit what
+        fits. The order is the point: growth before admission means a newcomer never takes the
+        block a running request needs for its next token, and compaction between the two sweeps
+        the holes growth's preemptions opened without ever moving a newcomer."""
         self.schedule_calls += 1
         out = SchedulerOutput(finished=self._release_finished())
         out.preempted = self._grow_running()
+        out.moves = self._compact()
         out.decode = list(self.running)
         out.admitted = self._admit()
         return out
@@ -170,6 +189,27 @@ class Scheduler:
             if r.state is RequestState.RUNNING and need:
                 r.blocks += self.allocator.allocate(need)
         return preempted
+
+    def _compact(self) -> list[RowMove]:
+        """Move the running requests into rows 0..n-1 (a no-op in "free" mode). The engine's
+        ``on_move`` relabels the cache row first and may refuse; only then does the request
+        take its new slot, and the row it left goes back on the free heap."""
+        if not self.running:
+            return []
+        by_row = {r.slot: r for r in self.running}
+
+        def relabel(move: RowMove) -> None:
+            if move.dst not in self._free_slots:
+                raise ValueError(f"move {move}: row {move.dst} is not free")
+            r = by_row.pop(move.src)
+            self._free_slots.remove(move.dst)
+            heapq.heapify(self._free_slots)
+            heapq.heappush(self._free_slots, move.src)
+            r.slot = move.dst
+            by_row[move.dst] = r
+
+        return self.compactor.compact([r.slot for r in self.running], relabel,
+                                      self.max_num_seqs)
 
     def _preempt(self, victim: Request) -> None:
         """Preemption by recompute: blocks and slot back, tokens kept, head of the queue."""
