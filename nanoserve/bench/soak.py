@@ -294,8 +294,7 @@ def main(args: argparse.Namespace) -> int:
     Console(stderr=True).print(table)
     problems = verdict(s)
     if args.out:
-        record = s | {"machine": f"{platform.machine()} {platform.processor() or ''}".strip()
-                      + f", {_cpus()} CPUs, no GPU", "python": platform.python_version(),
+        record = {"values": s, "machine": _machine(), "python": platform.python_version(),
                       "date": time.strftime("%Y-%m-%d"),
                       "command": "nanoserve bench soak " + " ".join(sys.argv[3:]),
                       "passed": not problems, "problems": problems}
@@ -306,7 +305,14 @@ def main(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def _cpus() -> int:
+def _machine() -> str:
+    """The CPU by name, its core count, and the GPU (none: the soak runs the server on CPU)."""
     import os
 
-    return os.cpu_count() or 1
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = f"{platform.machine()} {names[0]}" if names else cpu
+    return f"{cpu}, {os.cpu_count() or 1} CPUs, no GPU"

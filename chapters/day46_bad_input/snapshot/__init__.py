@@ -1,0 +1,1 @@
+"""Day 46 as it stood: one bad request per category, and the rule that judges the answer."""
