@@ -1,0 +1,76 @@
+"""The vLLM side of ``nanoserve bench offline``: a long-lived process in vLLM's own venv.
+
+Why this module exists: vLLM's CPU build pins its own torch and lives in ``.venv-vllm``, so it
+cannot be imported beside nanoserve. ``offline.py`` starts this file as a script under that venv's
+Python (``python -P vllm_runner.py CONFIG_JSON``; ``-P`` keeps this folder, whose ``sched.py``
+would shadow the standard library's, off ``sys.path``), and talks to it in JSON lines:
+
+- the runner's first line is ``{"event": "hello", "version": ..., "platform": ...}``, sent before
+  the model loads, so a build for the wrong device is refused cheaply;
+- ``{"event": "ready", ...}`` once ``vllm.LLM`` holds the checkpoint;
+- for each ``{"cmd": "run", "prompts": [[ids]], "max_tokens": [n]}`` on stdin it runs one
+  ``LLM.generate`` (token-id prompts, ``temperature=0``, ``ignore_eos=True``) and answers
+  ``{"event": "result", "wall_s": ..., "token_ids": [[ids]]}``;
+- ``{"cmd": "quit"}`` (or EOF) ends it.
+
+The protocol travels on the process's original stdout; everything vLLM prints is sent to stderr,
+which the parent keeps in a log. This file imports only vllm and the standard library, and runs
+only under the ``__main__`` guard: vLLM's engine core is a spawned process that re-imports the
+main module.
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def _send(stream, obj) -> None:
+    stream.write(json.dumps(obj) + "\n")
+    stream.flush()
+
+
+def main() -> int:
+    cfg = json.loads(sys.argv[1])
+    proto = os.fdopen(os.dup(1), "w")  # our channel: the original stdout
+    os.dup2(2, 1)  # vLLM's prints (and its child processes') go to stderr
+    sys.stdout = sys.stderr
+    try:
+        import vllm
+        from vllm import LLM, SamplingParams
+
+        try:
+            from vllm.platforms import current_platform
+            platform = str(current_platform.device_type)
+        except Exception as e:  # an older layout: say so, do not guess
+            platform = f"unknown ({type(e).__name__})"
+        _send(proto, {"event": "hello", "version": vllm.__version__, "platform": platform,
+                      "pid": os.getpid(), "affinity": len(os.sched_getaffinity(0))})
+        t0 = time.perf_counter()
+        llm = LLM(model=cfg["model"], dtype=cfg["dtype"], max_model_len=cfg["max_model_len"],
+                  max_num_seqs=cfg["max_num_seqs"], skip_tokenizer_init=True, seed=0,
+                  **cfg.get("options", {}))
+        _send(proto, {"event": "ready", "load_s": round(time.perf_counter() - t0, 2)})
+    except Exception as e:
+        _send(proto, {"event": "error", "error": f"{type(e).__name__}: {e}"})
+        return 1
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("cmd") == "quit":
+            break
+        try:
+            params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=int(m),
+                                     detokenize=False) for m in msg["max_tokens"]]
+            prompts = [{"prompt_token_ids": [int(t) for t in p]} for p in msg["prompts"]]
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            wall = time.perf_counter() - t0
+            _send(proto, {"event": "result", "wall_s": wall,
+                          "token_ids": [list(o.outputs[0].token_ids) for o in outs]})
+        except Exception as e:
+            _send(proto, {"event": "error", "error": f"{type(e).__name__}: {e}"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
