@@ -1,6 +1,6 @@
 """The server on its worst day (Days 46-48): fuzzed bad input, a burst past max_waiting, a forward
-that raises, an engine thread that dies, 64 concurrent greedy requests under preemption, and a
-test-sized soak. Every server listens on 127.0.0.1; every loop is bounded."""
+that raises, an engine thread that dies, and 64 concurrent greedy requests under preemption.
+Every server listens on 127.0.0.1; every loop is bounded."""
 
 from __future__ import annotations
 
@@ -155,11 +155,5 @@ def test_64_concurrent_greedy_requests_equal_each_alone_under_preemption():
         assert r.json()["usage"]["completion_tokens"] == len(w.token_ids)
 
 
-def test_a_300_request_soak_loses_nothing():
-    from nanoserve.bench.soak import run_soak, verdict
-
-    s = run_soak(requests=300, concurrency=32, disconnect_rate=0.2, seed=48,
-                 show_progress=False)
-    assert verdict(s) == [], s
-    assert s["disconnected"] > 0 and s["completed"] + s["disconnected"] == 300
-    assert s["mismatches"] == 0 and s["greedy_completed"] > 0
+# The test-sized soak (300 requests, 32 clients, a fifth hung up) runs once, as Day 48's
+# claims, inside make test (tests/test_chapters.py): 0 failed, 0 mismatches, 0 KV in use, 0 stuck.
