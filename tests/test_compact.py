@@ -765,8 +765,9 @@ def test_graph_bench_refuses(capsys, argv):
     assert "error" in out
 
 
-def test_the_arms_over_sockets_are_a_marked_place_not_a_feature():
-    with pytest.raises(NotImplementedError, match="Day 59"):
+def test_the_arms_over_sockets_refuse_a_folder_without_weights():
+    # run_arms is built now (tests/test_graphs.py runs an arm); a missing folder is refused
+    with pytest.raises(ValueError, match="config.json"):
         graphbench.run_arms("weights", "cuda", [1, 2, 4, 8])
 
 

@@ -154,7 +154,8 @@ def coverage_table(prompt_len: int = 4) -> list[dict]:
 # three fields sit one column right of the values under them, as they do in the log.
 HEADER_WIDTHS = (10, 7, 10, 15, 14, 10, 11, 8, 7, 8)
 ROW_WIDTHS = (10, 7, 10, 15, 14, 10, 11, 7, 7, 8)
-TABLE_TITLE = "what share of a decode loop can replay at all, by workload shape:"
+TABLE_TITLE = ("Day 58 coverage, host only: decode steps a recorded window could replay, per "
+               "scheduler and workload (every batch size has a bucket):")
 
 
 def render_table(rows: list[dict]) -> str:
@@ -200,13 +201,17 @@ def replay_counters(metrics_text: str) -> dict:
 def run_arms(weights: str, device: str, rates: list[float], arms=DEFAULT_ARMS,
              requests: int = 64, input_len: int = 64, output_len: int = 64,
              max_num_seqs: int = 8, max_model_len: int | None = 1024, dtype: str | None = None,
-             seed: int = 0, server_timeout_s: float = 600.0, on_arm=None) -> dict:
+             seed: int = 0, server_timeout_s: float = 600.0, on_arm=None,
+             serve_flags: tuple[str, ...] = (), deadline: float | None = None) -> dict:
     """One server per arm on ``weights``, the same seeded load at every rate; returns the
     report (hardware, model, workload, batch size, one row per arm and rate, the gate).
 
     ``on_arm(report)``, if given, is called after each arm with the report so far (the
     gpu-check script writes its results file there, so a later failure keeps the earlier
-    arms)."""
+    arms). ``serve_flags`` go to every arm's server (``--skip-tokenizer-init`` for weights
+    without a tokenizer). Past ``deadline`` (a ``time.perf_counter()`` reading) no arm is
+    started, each one left out is named in ``report["skipped"]``, and a rate in flight gives up
+    at the deadline (its unfinished requests count as failed)."""
     import httpx
 
     from .serve import local_server, run_bench
@@ -235,15 +240,23 @@ def run_arms(weights: str, device: str, rates: list[float], arms=DEFAULT_ARMS,
         "model": folder.resolve().name, "dtype": dtype or "auto",
         "workload": {"requests": requests, "input_len": input_len, "output_len": output_len,
                      "rates": rates, "seed": seed, "arrivals": "poisson"},
-        "batch_size": max_num_seqs, "max_model_len": max_model_len, "rows": [], "gates": {}}
+        "batch_size": max_num_seqs, "max_model_len": max_model_len, "rows": [], "gates": {},
+        "skipped": {}}
     for arm in arms:
+        left = None if deadline is None else deadline - time.perf_counter()
+        if left is not None and left < 30:
+            report["skipped"][arm] = f"not started: {max(left, 0):.0f} s of the budget left"
+            continue
         flags = ARMS[arm] + (("--max-model-len", str(max_model_len)) if max_model_len else ())
+        flags += tuple(serve_flags)
         t0 = time.perf_counter()
         with local_server(folder, dtype=dtype, device=device, max_num_seqs=max_num_seqs,
                           timeout_s=server_timeout_s, extra_args=flags) as srv:
             results = run_bench(url=srv.url, rates=rates, requests=requests,
                                 input_len=input_len, output_len=output_len, seed=seed,
-                                model=folder, max_duration_s=server_timeout_s)
+                                model=folder, max_duration_s=min(
+                                    server_timeout_s,
+                                    left if left is not None else server_timeout_s))
             counts = replay_counters(httpx.get(srv.url + "/metrics", timeout=30,
                                                trust_env=False).text)
         for r in results:
@@ -284,6 +297,7 @@ def render_arms(report: dict) -> str:
     lines += [" ".join(str(r[c]).rjust(wd) for c, wd in zip(ARM_COLUMNS, widths, strict=True))
               for r in rows]
     lines += [v for v in report["gates"].values()]
+    lines += [f"SKIPPED {arm}: {why}" for arm, why in report.get("skipped", {}).items()]
     return "\n".join(lines)
 
 
