@@ -83,14 +83,16 @@ class CoreCounters:
 class EngineCore:
     def __init__(self, engine: Engine, tokenizer: Tokenizer | None,
                  eos_token_ids: frozenset[int], max_model_len: int, vocab_size: int,
-                 max_num_seqs: int, allocation: str = "incremental"):
+                 max_num_seqs: int, allocation: str = "incremental",
+                 compact_rows: bool = False):
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.scheduler = Scheduler(engine.allocator, max_num_seqs, allocation=allocation,
-                                   on_release=engine.release_row)
+                                   on_release=engine.release_row, compact_rows=compact_rows,
+                                   on_move=engine.move_row)
         self.requests: dict[str, _Tracked] = {}  # live: added and not yet reported finished
         self.driver: str | None = None  # who steps this core; a second driver is refused
         self.counters = CoreCounters()

@@ -3,17 +3,26 @@
 Why this module exists: it is where the pieces meet. ``Engine`` owns the model, the block pool
 and the batched paged cache, and knows two moves:
 
-- ``prefill(rows, token_lists)``: one forward for a batch of prompts of different lengths (Day 27).
-  Prompts are right-padded to the longest; each row gets its own positions, writes K/V only for
-  its real tokens, and is read back at its own last token.
+- ``prefill(rows, token_lists)``: one forward for a batch of prompts of different lengths. By
+  default the prompts are *packed* into one (1, N) token stream, N the sum of their lengths, each
+  token with its own position and cell and each prompt attending to itself only, so a batch
+  costs the sum of its lengths. ``prefill="padded"`` keeps Day 27's policy: right-padded to the
+  longest, B times the longest positions computed. ``positions_computed`` against
+  ``tokens_computed`` is the difference, counted.
 - ``decode(rows, tokens)``: one forward that appends one token to each of B rows, whose contexts
-  have different lengths (Day 28).
+  have different lengths (Day 28). The read is the cache's ``attention`` path: Day 50's gathered
+  mapping (each row its own cells; the default) or Day 28's rectangle (``"reference"``). With
+  ``compile=True`` the decode forward runs through ``torch.compile`` (Day 49, ``compiled.py``).
 
-``step(SchedulerOutput)`` is one iteration of continuous batching (Day 31): a padded prefill for
+Host work per step is per row, never per token: ids, positions and write cells are built from
+plain lists in one tensor each, and the gathered mapping is updated, not rebuilt.
+
+``step(SchedulerOutput)`` is one iteration of continuous batching (Day 31): a prefill for
 the requests the scheduler just admitted, one batched decode for the ones already running, and
 every sampled token fed back through ``Request.append_token``. A request's cache row is its
 scheduler slot and nothing else; the scheduler's ``on_release`` hook resets a row the moment its
-request lets go of it, before anyone else can land there.
+request lets go of it, before anyone else can land there, and its ``on_move`` hook (``move_row``,
+Day 58) relabels a row when the scheduler compacts the batch.
 
 ``LLM`` (in ``llm.py``) drives these moves.
 """
@@ -23,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from .block_allocator import BlockAllocator
+from .graphs import DecodeGraphs, ReplayCounters
 from .paged import BatchedPagedKVCache
 from .request import Request
 from .sampling import sample_requests
@@ -32,17 +42,37 @@ class InjectedFault(RuntimeError):
     """Raised by ``Engine.step`` on a step named in ``fail_on_step`` (tests only)."""
 
 
+PREFILL_POLICIES = ("packed", "padded")
+
+
 class Engine:
     def __init__(self, model, num_kv_blocks: int, block_size: int, max_num_seqs: int,
-                 max_model_len: int, fail_on_step: frozenset[int] = frozenset()):
+                 max_model_len: int, fail_on_step: frozenset[int] = frozenset(),
+                 prefill: str = "packed", attention: str = "gathered",
+                 compile: bool | str = False, cuda_graphs: bool = False):
+        if prefill not in PREFILL_POLICIES:
+            raise ValueError(f"prefill={prefill!r}; choose one of {PREFILL_POLICIES}")
         self.model = model
         self.device = model.embed_tokens.weight.device
+        self.prefill_policy = prefill  # "packed": one stream; "padded": Day 27's rectangle
         self.allocator = BlockAllocator(num_kv_blocks, block_size)
         self.cache = BatchedPagedKVCache.for_model(model, num_kv_blocks, block_size,
-                                                   max_num_seqs, max_model_len)
+                                                   max_num_seqs, max_model_len, attention)
         self.forward_passes = 0
         self.row_steps = 0  # rows issued, summed over forwards
         self.tokens_computed = 0  # real (unpadded) token positions run through the model
+        self.positions_computed = 0  # positions the model ran, padding included (B*T padded)
+        self.compiled = None
+        if compile:
+            from .compiled import CompiledDecode
+            backend = "inductor" if compile is True else str(compile)
+            self.compiled = CompiledDecode(model, max_num_seqs, backend)  # Day 49: decode only
+        # Day 57: decode through recorded windows (CUDA graphs; eager replay without CUDA).
+        self.replay_counters = ReplayCounters()  # decode steps, replayed, scattered
+        self.graphs = None
+        if cuda_graphs:
+            self.graphs = DecodeGraphs(model, self.cache, max_num_seqs,
+                                       compile=compile if self.device.type == "cuda" else False)
         self.steps = 0  # calls of step(): one per scheduler iteration that runs the model
         # A test hook, off by default and unreachable from HTTP: step() raises InjectedFault
         # on these step numbers (1-based), so the tests can watch a forward fail mid-service.
@@ -57,29 +87,71 @@ class Engine:
         """
         lens = [len(t) for t in token_lists]
         B, T = len(rows), max(lens)
-        ids = torch.zeros(B, T, dtype=torch.long)  # (B, T), right-padded
-        pos = torch.zeros(B, T, dtype=torch.long)  # (B, T); padding sits at position 0
-        for b, (row, toks) in enumerate(zip(rows, token_lists, strict=True)):
-            start = self.cache.lengths[row]
-            ids[b, :len(toks)] = torch.tensor(toks)
-            pos[b, :len(toks)] = torch.arange(start, start + len(toks))
+        if T == 1:  # decode: one token per row, no padding, no per-row tensors
+            ids = torch.tensor(token_lists, dtype=torch.long)  # (B, 1)
+            pos = torch.tensor([[self.cache.lengths[r]] for r in rows], dtype=torch.long)
+        else:
+            ids = torch.zeros(B, T, dtype=torch.long)  # (B, T), right-padded
+            pos = torch.zeros(B, T, dtype=torch.long)  # (B, T); padding sits at position 0
+            for b, (row, toks) in enumerate(zip(rows, token_lists, strict=True)):
+                start = self.cache.lengths[row]
+                ids[b, :len(toks)] = torch.tensor(toks)
+                pos[b, :len(toks)] = torch.arange(start, start + len(toks))
         self.cache.begin_step(rows, lens, hold)
         try:
-            h = self.model(ids.to(self.device), pos.to(self.device), self.cache)  # (B, T, E)
+            if T == 1 and self.compiled is not None:
+                logits = self.compiled(ids.to(self.device), pos.to(self.device), self.cache)
+            else:
+                h = self.model(ids.to(self.device), pos.to(self.device), self.cache)  # (B, T, E)
+                last = torch.tensor(lens, device=self.device) - 1
+                logits = self.model.compute_logits(h[torch.arange(B, device=self.device), last])
         finally:
             self.cache.end_step()
-        last = torch.tensor(lens, device=self.device) - 1
         self.forward_passes += 1
         self.row_steps += B
         self.tokens_computed += sum(lens)
-        return self.model.compute_logits(h[torch.arange(B, device=self.device), last])
+        self.positions_computed += B * T
+        return logits  # (B, V)
+
+    def _forward_packed(self, rows: list[int], token_lists: list[list[int]]) -> torch.Tensor:
+        """Packed prefill: the prompts as one (1, N) stream, N = sum of lengths, each with its
+        own positions and cells, each attending to itself only; returns (B, V) logits."""
+        lens = [len(t) for t in token_lists]
+        ids = torch.cat([torch.tensor(toks, dtype=torch.long) for toks in token_lists])[None]
+        pos = torch.cat([torch.arange(self.cache.lengths[r], self.cache.lengths[r] + n)
+                         for r, n in zip(rows, lens, strict=True)])[None]  # (1, N)
+        self.cache.begin_step(rows, lens, packed=True)
+        try:
+            h = self.model(ids.to(self.device), pos.to(self.device), self.cache)  # (1, N, E)
+        finally:
+            self.cache.end_step()
+        last = torch.tensor(lens, device=self.device).cumsum(0) - 1  # (B,) each prompt's end
+        self.forward_passes += 1
+        self.row_steps += len(rows)
+        self.tokens_computed += sum(lens)
+        self.positions_computed += sum(lens)
+        return self.model.compute_logits(h[0, last])
 
     def prefill(self, rows: list[int], token_lists: list[list[int]]) -> torch.Tensor:
+        """One forward for a batch of prompts: packed (default) or padded (Day 27)."""
+        if self.prefill_policy == "packed":
+            return self._forward_packed(rows, token_lists)
         return self._forward(rows, token_lists)
 
     def decode(self, rows: list[int], tokens: list[int],
                hold: frozenset[int] = frozenset()) -> torch.Tensor:
-        return self._forward(rows, [[t] for t in tokens], hold)
+        g = self.graphs
+        replay = g is not None and not hold and g.can_replay(rows)
+        self.replay_counters.count(replay)
+        if not replay:  # scattered (or graphs off): the eager forward
+            return self._forward(rows, [[t] for t in tokens], hold)
+        logits = g.replay(rows, tokens)  # (B, V)
+        B = len(rows)
+        self.forward_passes += 1
+        self.row_steps += B
+        self.tokens_computed += B
+        self.positions_computed += g.bucket(B)  # the window's rows, padding included
+        return logits
 
     # ------------------------------------------------------------ continuous batching
 
@@ -97,11 +169,20 @@ class Engine:
         if blocks != request.blocks[:len(blocks)]:
             raise RuntimeError(f"row {request.slot} held {blocks}, not its request's blocks")
 
-    def _run(self, requests: list[Request], token_lists: list[list[int]]) -> list[Request]:
+    def move_row(self, src: int, dst: int) -> int:
+        """The scheduler's on_move hook (Day 58, ``compact_rows``): hand row ``src``'s tenant
+        to the empty row ``dst``. A relabel of tables and addressing; no K/V is copied."""
+        return self.cache.move_row(src, dst)
+
+    def _run(self, requests: list[Request], token_lists: list[list[int]],
+             prefill: bool) -> list[Request]:
         for r in requests:
             self.sync_blocks(r)
         rows = [r.slot for r in requests]
-        logits = self._forward(rows, token_lists)  # (B, V)
+        if prefill:
+            logits = self.prefill(rows, token_lists)  # (B, V)
+        else:
+            logits = self.decode(rows, [t for (t,) in token_lists])  # (B, V)
         tokens = sample_requests(logits, requests)
         return [r for r, t in zip(requests, tokens, strict=True) if r.append_token(t)]
 
@@ -112,9 +193,10 @@ class Engine:
             raise InjectedFault(f"injected fault on engine step {self.steps}")
         finished = []
         if out.admitted:  # the prefill runs over token_ids: all a request's tokens so far
-            finished += self._run(out.admitted, [r.token_ids for r in out.admitted])
+            finished += self._run(out.admitted, [r.token_ids for r in out.admitted], True)
         if out.decode:
-            finished += self._run(out.decode, [[r.output_token_ids[-1]] for r in out.decode])
+            finished += self._run(out.decode, [[r.output_token_ids[-1]] for r in out.decode],
+                                  False)
         return finished
 
     # ------------------------------------------------------------ static batches (Day 29)

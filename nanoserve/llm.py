@@ -22,6 +22,15 @@ scheduler for the LLM's whole life, and ``generate`` adds its requests and steps
 is drained, then asserts that every block and slot is back. The async engine and the server drive
 the same core.
 
+How a step is computed is chosen too (issue 12), each fast path beside the plain one it
+replaces: ``prefill="packed"`` (default) or ``"padded"`` (Day 27); ``attention="gathered"``
+(default, Day 50) or ``"reference"`` (Day 28's rectangle); ``compile=True`` for a decode
+forward through ``torch.compile`` (Day 49; off by default, its warm-up in
+``engine.compiled.warmup_s``, its graphs counted in ``engine.compiled.compiles``). ``dtype="auto"``
+on a CPU is bfloat16 where the processor multiplies bf16 natively (AMX or AVX512-BF16) and
+float32 elsewhere; ``llm.dtype`` and ``llm.dtype_reason`` say which, and so does a log line.
+Logits reach the sampler in float32 either way.
+
 A reply ends by the first rule that fires, checked in this order after every token: an EOS id
 (unless ``ignore_eos``), a ``stop_token_ids`` id, a ``stop`` string (the text is cut before it),
 all "stop"; then the ``max_tokens`` budget, then the end of the context, both "length".
@@ -29,6 +38,7 @@ all "stop"; then the ``max_tokens`` budget, then the end of the context, both "l
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,10 +53,21 @@ from .request import Request, RequestMetrics, RequestState
 from .sampling import SamplingParams, sample_requests
 from .scheduler import ALLOCATION_POLICIES
 from .tokenizer import Tokenizer
-from .weights import load_model
+from .weights import cpu_native_bf16, load_model
 
+log = logging.getLogger("nanoserve")
 DEFAULT_MODEL = Path(__file__).resolve().parent / "checkpoints" / "nanoserve-tiny"
 DEFAULT_KV_BYTES = 1 << 30  # without num_kv_blocks, the pool is at most 1 GiB
+
+
+def _dtype_reason(asked, got: torch.dtype, device: torch.device) -> str:
+    if asked != "auto":
+        return "as asked"
+    if device.type != "cpu":
+        return "the checkpoint's dtype"
+    flag = cpu_native_bf16()
+    return (f"this CPU multiplies bf16 natively ({flag})" if flag else
+            "no native bf16 matmul on this CPU (no amx_bf16 / avx512_bf16 flag)")
 
 
 @dataclass(slots=True)
@@ -82,8 +103,17 @@ class Stats:
     forward_passes: int = 0  # model forwards
     row_steps: int = 0  # rows issued, summed over forwards (a static batch's bill)
     tokens_computed: int = 0  # real token positions run through the model
+    positions_computed: int = 0  # positions the model ran, padding included (padded prefill)
     preemptions: int = 0  # running requests sent back to wait (incremental allocation)
     recomputed_tokens: int = 0  # tokens re-prefilled when preempted requests resumed
+    decode_steps: int = 0  # batched decode forwards (Day 57)
+    decode_steps_replayed: int = 0  # ... that replayed a recorded window
+    decode_steps_scattered: int = 0  # ... that fell through to the eager forward
+
+    @property
+    def replay_share(self) -> float:
+        """Replayed decode steps over all decode steps (0 when there were none)."""
+        return self.decode_steps_replayed / self.decode_steps if self.decode_steps else 0.0
 
 
 class LLM:
@@ -92,7 +122,10 @@ class LLM:
                  enable_kv_cache: bool = True, skip_tokenizer_init: bool = False,
                  block_size: int = 16, num_kv_blocks: int | None = None,
                  max_num_seqs: int = 8, batching: str = "continuous",
-                 allocation: str = "incremental", fail_on_step: tuple[int, ...] = ()):
+                 allocation: str = "incremental", fail_on_step: tuple[int, ...] = (),
+                 cuda_graphs: bool = False, compact_rows: bool | None = None,
+                 prefill: str = "packed", attention: str = "gathered",
+                 compile: bool | str = False):
         model_dir = Path(model) if model is not None else DEFAULT_MODEL
         if not model_dir.is_dir():
             raise ValueError(f"model folder {model_dir} does not exist")
@@ -106,6 +139,12 @@ class LLM:
         if allocation not in ALLOCATION_POLICIES:
             raise ValueError(f"allocation={allocation!r}; choose one of {ALLOCATION_POLICIES}")
         self.batching, self.max_num_seqs, self.allocation = batching, max_num_seqs, allocation
+        # Day 57: decode through recorded windows; CUDA graphs on a card, eager replay of the
+        # same windows without one (so it never raises on a CPU).
+        self.cuda_graphs = bool(cuda_graphs)
+        # The persistent batch (Day 58) follows the graphs unless told otherwise: a capture can
+        # only replay steps whose rows are 0..n-1, and compaction is what keeps them there.
+        self.compact_rows = self.cuda_graphs if compact_rows is None else bool(compact_rows)
         if num_kv_blocks is not None and num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
         self.config = cfg = ModelConfig.from_dir(model_dir)
@@ -117,6 +156,10 @@ class LLM:
         self.tokenizer = None if skip_tokenizer_init else Tokenizer.from_dir(model_dir)
         self.model = load_model(model_dir, dtype, device)
         self.device = torch.device(device)
+        self.dtype = self.model.embed_tokens.weight.dtype  # what "auto" chose, said below
+        self.dtype_reason = _dtype_reason(dtype, self.dtype, self.device)
+        log.info("dtype=%s: %s (%s)", dtype, str(self.dtype).removeprefix("torch."),
+                 self.dtype_reason)
         eos = self.tokenizer.eos_token_ids if self.tokenizer else ()
         self.eos_token_ids = frozenset(eos or cfg.eos_token_ids)
         self.enable_kv_cache = enable_kv_cache
@@ -126,9 +169,12 @@ class LLM:
             full = max_num_seqs * -(-self.max_model_len // block_size)
             num_kv_blocks = max(1, min(full, DEFAULT_KV_BYTES // per_block))
         self.engine = Engine(self.model, num_kv_blocks, block_size, max_num_seqs,
-                             self.max_model_len, fail_on_step=frozenset(fail_on_step))
+                             self.max_model_len, fail_on_step=frozenset(fail_on_step),
+                             prefill=prefill, attention=attention, compile=compile,
+                             cuda_graphs=self.cuda_graphs)
         self.core = EngineCore(self.engine, self.tokenizer, self.eos_token_ids,
-                               self.max_model_len, cfg.vocab_size, max_num_seqs, allocation)
+                               self.max_model_len, cfg.vocab_size, max_num_seqs, allocation,
+                               compact_rows=self.compact_rows)
         self.stats = Stats()
 
     # ---------------------------------------------------------------- input checks
@@ -171,7 +217,9 @@ class LLM:
         """Prompts as a list of strings or of token-id lists; one output per prompt."""
         reqs, texts = self._admit(prompts, sampling_params)
         e = self.engine
-        before = (e.forward_passes, e.row_steps, e.tokens_computed)
+        before = (e.forward_passes, e.row_steps, e.tokens_computed, e.positions_computed)
+        rc = e.replay_counters
+        replay_before = (rc.decode_steps, rc.replayed)
         with torch.inference_mode():
             if not self.enable_kv_cache:
                 for r in reqs:
@@ -183,6 +231,11 @@ class LLM:
         self.stats.forward_passes += e.forward_passes - before[0]
         self.stats.row_steps += e.row_steps - before[1]
         self.stats.tokens_computed += e.tokens_computed - before[2]
+        self.stats.positions_computed += e.positions_computed - before[3]
+        steps, replayed = rc.decode_steps - replay_before[0], rc.replayed - replay_before[1]
+        self.stats.decode_steps += steps
+        self.stats.decode_steps_replayed += replayed
+        self.stats.decode_steps_scattered += steps - replayed
         self.stats.generated_tokens += sum(len(r.output_token_ids) for r in reqs)
         self.core.check_drained()
         failed = [r for r in reqs if r.finish_reason == "error"]
@@ -266,6 +319,7 @@ class LLM:
             e.forward_passes += 1
             e.row_steps += 1
             e.tokens_computed += len(seq)
+            e.positions_computed += len(seq)
             iteration += 1
             tok = self._sample(self.model.compute_logits(h[:, -1]), [r])[0]
             if r.append_token(tok):

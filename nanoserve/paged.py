@@ -13,6 +13,12 @@ handed it, scattered through a shared pool. Three objects keep track of where:
   backend: ``begin_step`` says which rows take how many new tokens, then the model's forward
   writes K/V into their cells and reads each row's context back.
 
+A step comes in one of three layouts: a (B, T) rectangle right-padded to the longest (Day 27's
+prefill, and every decode, T = 1), or a packed (1, N) stream of prompts one after another
+(``packed=True``). The decode read is ``attention="reference"`` (Day 28's (B, S) rectangle, the
+default of a bare cache) or ``"gathered"`` (Day 50: ``gathered.GatheredIndex``, kept on the cache,
+updated one cell per row per step, dropped for a row by ``invalidate_gathered``).
+
 Pools are flat over cells: ``k[layer]`` is (num_blocks * block_size, Hkv, D).
 """
 
@@ -22,7 +28,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import paged_attention_batched_reference
+from .attention import (
+    packed_prefill_attention,
+    paged_attention_batched_reference,
+    paged_attention_gathered,
+)
+from .gathered import GatheredIndex
+
+ATTENTION_PATHS = ("reference", "gathered", "triton")
 
 
 class BlockTable:
@@ -76,22 +89,48 @@ class SlotTable:
     def reset_row(self, row: int) -> None:
         self.cells[row].fill_(-1)
 
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cells of row ``src`` into row ``dst`` and empty ``src``:
+        one row copy inside this buffer, so an address a recorded window holds stays valid.
+        Refuses a ``dst`` that still addresses anything: the plan saw another occupancy."""
+        if src == dst:
+            raise ValueError(f"row {src} cannot move onto itself")
+        if bool((self.cells[dst] != -1).any()):
+            raise ValueError(f"row {dst} is not empty; moving row {src} there would overwrite "
+                             f"another request's addressing")
+        self.cells[dst, :length] = self.cells[src, :length]
+        self.cells[src].fill_(-1)
+
 
 @dataclass(slots=True)
 class StepLayout:
     """Where one forward's tokens go and what each row reads. B rows, T new tokens (padded)."""
 
     rows: list[int]
-    write_cells: torch.Tensor  # (B, T) pool cell per new token; -1 for padding
-    read_cells: torch.Tensor  # (B, S) pool cell per context position; S = longest context
+    write_cells: torch.Tensor  # (B, T) pool cell per new token; -1 for padding; (N,) packed
+    read_cells: torch.Tensor | None  # (B, S) cell per context position; None when gathered
     context_lens: torch.Tensor  # (B,) tokens each row attends to after this step
     grows: list[bool]  # False for a held row: its length stays where it is
+    write_flat: torch.Tensor | None = None  # (N,) the real tokens' cells, in stream order
+    write_sel: torch.Tensor | None = None  # (N,) their places in the (B*T) stream; None: all
+    packed_lens: list[int] | None = None  # packed prefill: each row's new tokens, in order
+    starts: list[int] | None = None  # each row's length before the step
+    ctx: list[int] | None = None  # each row's context after it (host copy of context_lens)
+    gathered: tuple[torch.Tensor, torch.Tensor] | None = None  # (cells (n, C), chunk_b (n,))
+    blocks: torch.Tensor | None = None  # (B, W) block ids per row: the Triton kernel's decode
 
 
 class BatchedPagedKVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int,
                  block_size: int, max_num_seqs: int, max_model_len: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 attention: str = "reference"):
+        if attention not in ATTENTION_PATHS:
+            raise ValueError(f"attention={attention!r}; choose one of {ATTENTION_PATHS}")
+        if attention == "triton":  # now, before anything else imports triton (the interpreter)
+            from . import kernels  # noqa: F401
+        self.attention = attention  # the decode read: Day 28's rectangle or Day 50's mapping
+        self.gathered = GatheredIndex(max_num_seqs, device=device)
         cells = num_blocks * block_size
         self.k = torch.zeros(num_layers, cells, num_kv_heads, head_dim, dtype=dtype,
                              device=device)  # (L, cells, Hkv, D)
@@ -107,60 +146,151 @@ class BatchedPagedKVCache:
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int, max_num_seqs: int,
-                  max_model_len: int) -> BatchedPagedKVCache:
+                  max_model_len: int, attention: str = "reference") -> BatchedPagedKVCache:
         cfg, w = model.cfg, model.embed_tokens.weight
         return cls(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, num_blocks,
-                   block_size, max_num_seqs, max_model_len, w.dtype, w.device)
+                   block_size, max_num_seqs, max_model_len, w.dtype, w.device, attention)
 
     def reset_row(self, row: int) -> list[int]:
         """Forget a row: its length, its addressing; returns its blocks for the allocator."""
         self.lengths[row] = 0
         self.slots.reset_row(row)
+        self.invalidate_gathered(row)
         return self.tables[row].clear()
 
+    def invalidate_gathered(self, row: int | None = None) -> None:
+        """The Day-50 gathered mapping forgets ``row`` (every row if None); the next decode step
+        drops its chunks and, if the row is in that step, appends its context again. Call it
+        whenever a row's cells change other than by growing: reset, move."""
+        self.gathered.invalidate(row)
+
+    def move_row(self, src: int, dst: int) -> int:
+        """Move row ``src``'s tenant to the empty row ``dst`` (Day 58): a relabel, not a copy.
+
+        The two BlockTables trade places (``src`` ends up with the empty table that ``dst``
+        had), the addressing is copied across (``length(src)`` cells on the device), and the
+        lengths trade too, and the gathered mapping forgets both rows. K and V are never
+        touched: block ids name places in the pool, and those places stay put. Refuses a
+        non-empty ``dst`` and a move during a step. Returns the cells copied."""
+        rows = len(self.tables)
+        if not (0 <= src < rows and 0 <= dst < rows) or src == dst:
+            raise ValueError(f"cannot move row {src} to row {dst} in a cache of {rows} rows")
+        if self._step is not None:
+            raise RuntimeError("move_row during a step: the rows are being read")
+        if self.lengths[dst] or len(self.tables[dst]):
+            raise ValueError(f"row {dst} is not empty ({self.lengths[dst]} tokens, "
+                             f"{len(self.tables[dst])} blocks); refusing to move row {src} "
+                             f"onto it")
+        n = self.lengths[src]
+        self.slots.move_row(src, dst, n)
+        self.tables[src], self.tables[dst] = self.tables[dst], self.tables[src]
+        self.lengths[src], self.lengths[dst] = 0, n
+        self.invalidate_gathered(src)
+        self.invalidate_gathered(dst)
+        return n
+
     def begin_step(self, rows: list[int], num_new: list[int],
-                   hold: frozenset[int] = frozenset()) -> StepLayout:
+                   hold: frozenset[int] = frozenset(), packed: bool = False) -> StepLayout:
         """Rows ``rows[b]`` will append ``num_new[b]`` tokens in the next forward.
 
         A row in ``hold`` writes its one token at its current length without growing (a static
-        batch's finished row, recomputed in place until its wave ends)."""
+        batch's finished row, recomputed in place until its wave ends). ``packed``: the forward's
+        tokens come as one stream (1, N), row after row, N = sum(num_new), instead of a (B, T)
+        rectangle right-padded to the longest. Host work is per row, never per token."""
         if not rows or len(set(rows)) != len(rows) or len(rows) != len(num_new):
             raise ValueError(f"a step needs distinct rows, one count each: {rows}, {num_new}")
         if min(num_new) < 1:
             raise ValueError(f"every row in a step must take at least one token: {num_new}")
-        B, T = len(rows), max(num_new)
-        write = torch.full((B, T), -1, dtype=torch.long)
-        for b, (row, n) in enumerate(zip(rows, num_new, strict=True)):
-            start = self.lengths[row]
+        if packed and hold:
+            raise ValueError("a packed step cannot hold rows")
+        B, T, bs = len(rows), max(num_new), self.block_size
+        starts = [self.lengths[r] for r in rows]
+        for row, start, n in zip(rows, starts, num_new, strict=True):
             if start + n > self.max_model_len:
                 raise ValueError(f"row {row}: position {start + n - 1} is beyond "
                                  f"max_model_len={self.max_model_len}")
-            cells = self.tables[row].cells(start, start + n)
-            self.slots.write(row, start, cells)
-            write[b, :n] = torch.tensor(cells, dtype=torch.long)
-        ctx = [self.lengths[r] + n for r, n in zip(rows, num_new, strict=True)]
-        read = self.slots.cells[rows, :max(ctx)]  # (B, S): the gathered rectangle
-        self._step = StepLayout(list(rows), write.to(self.device), read,
-                                torch.tensor(ctx, device=self.device),
-                                [r not in hold for r in rows])
-        return self._step
+            if start + n > self.tables[row].num_slots:
+                self.tables[row].cells(start, start + n)  # raises: the table is too short
+        if T == 1:  # decode: one cell per row, in plain integers
+            cells = torch.tensor([self.tables[r].blocks[s // bs] * bs + s % bs
+                                  for r, s in zip(rows, starts, strict=True)])  # (B,)
+            row_of, pos = torch.tensor(rows), torch.tensor(starts)
+        else:  # one arange per row: cell = blocks[p // bs] * bs + p % bs
+            per_row = [torch.arange(s, s + n) for s, n in zip(starts, num_new, strict=True)]
+            cells = torch.cat([torch.tensor(self.tables[r].blocks)[p // bs] * bs + p % bs
+                               for r, p in zip(rows, per_row, strict=True)])  # (N,)
+            pos = torch.cat(per_row)
+            row_of = torch.repeat_interleave(torch.tensor(rows), torch.tensor(num_new))
+        dev = self.device
+        cells, pos, row_of = cells.to(dev), pos.to(dev), row_of.to(dev)
+        self.slots.cells[row_of, pos] = cells
+        ctx = [s + n for s, n in zip(starts, num_new, strict=True)]
+        grows = [r not in hold for r in rows]
+        if packed:
+            step = StepLayout(list(rows), cells, None, torch.tensor(ctx, device=dev), grows,
+                              write_flat=cells, packed_lens=list(num_new), starts=starts)
+            if self.attention == "reference" or any(starts):
+                step.read_cells = self.slots.cells[rows, :max(ctx)]  # (B, S)
+        elif T == 1:
+            step = StepLayout(list(rows), cells[:, None], None, torch.tensor(ctx, device=dev),
+                              grows, write_flat=cells, starts=starts)
+            if self.attention == "gathered":
+                step.gathered = self.gathered.update(rows, ctx, cells, self.slots.cells)
+            elif self.attention == "triton":  # each block's first cell / bs: its id (-1 past end)
+                step.blocks = self.slots.cells[rows, ::bs][:, :-(-max(ctx) // bs)] // bs
+            else:
+                step.read_cells = self.slots.cells[rows, :max(ctx)]  # (B, S): the rectangle
+        else:  # the padded rectangle (Day 27): (B, T), -1 where a row has no token
+            b_of = torch.repeat_interleave(torch.arange(B), torch.tensor(num_new)).to(dev)
+            within = pos - torch.tensor(starts, device=dev)[b_of]
+            write = torch.full((B, T), -1, dtype=torch.long, device=dev)
+            write[b_of, within] = cells
+            step = StepLayout(list(rows), write, self.slots.cells[rows, :max(ctx)],
+                              torch.tensor(ctx, device=dev), grows, write_flat=cells,
+                              write_sel=b_of * T + within, starts=starts)
+        step.ctx = ctx
+        self._step = step
+        return step
 
     def end_step(self) -> None:
         step, self._step = self._step, None
-        for row, n, grows in zip(step.rows, step.context_lens.tolist(), step.grows, strict=True):
+        for row, n, grows in zip(step.rows, step.ctx, step.grows, strict=True):
             if grows:
                 self.lengths[row] = n
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
-        """q (B, Hq, T, D); k, v (B, Hkv, T, D) of the new tokens -> (B, Hq, T, D)."""
+        """q (B, Hq, T, D); k, v (B, Hkv, T, D) of the new tokens -> (B, Hq, T, D).
+
+        Packed steps have B = 1 and T = N, the prompts one after another."""
         step = self._step
-        valid = step.write_cells >= 0  # (B, T)
-        cells = step.write_cells[valid]  # (N,)
-        self.k[layer, cells] = k.transpose(1, 2)[valid]  # (N, Hkv, D)
-        self.v[layer, cells] = v.transpose(1, 2)[valid]
-        return paged_attention_batched_reference(q, self.k[layer], self.v[layer],
-                                                 step.read_cells, positions, step.context_lens)
+        B, Hkv, T, D = k.shape
+        new_k = k.transpose(1, 2).reshape(B * T, Hkv, D)  # (B*T, Hkv, D), stream order
+        new_v = v.transpose(1, 2).reshape(B * T, Hkv, D)
+        if step.write_sel is not None:  # drop the padding
+            new_k, new_v = new_k[step.write_sel], new_v[step.write_sel]
+        self.k[layer].index_copy_(0, step.write_flat, new_k)
+        self.v[layer].index_copy_(0, step.write_flat, new_v)
+        kp, vp = self.k[layer], self.v[layer]
+        if step.packed_lens is not None:
+            if step.read_cells is None:  # every prompt starts at 0: its keys are the new ones
+                return packed_prefill_attention(q, k, v, step.packed_lens)
+            out, s = torch.empty_like(q), 0
+            for b, n in enumerate(step.packed_lens):
+                ctx = step.starts[b] + n
+                out[:, :, s:s + n] = paged_attention_batched_reference(
+                    q[:, :, s:s + n], kp, vp, step.read_cells[b:b + 1, :ctx],
+                    positions[:, s:s + n], step.context_lens[b:b + 1])
+                s += n
+            return out
+        if step.blocks is not None:
+            from .kernels import paged_attention
+            return paged_attention(q, kp, vp, step.blocks, step.context_lens, self.block_size)
+        if step.gathered is not None:
+            cells, chunk_b = step.gathered
+            return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b)[:, :, None]
+        return paged_attention_batched_reference(q, kp, vp, step.read_cells, positions,
+                                                 step.context_lens)
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()

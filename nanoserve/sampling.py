@@ -38,6 +38,7 @@ import torch
 if TYPE_CHECKING:
     from .request import Request
 
+INT32_MAX = 2**31 - 1
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy; dividing by them overflows
 MAX_LOGPROBS = 20  # the most top alternatives a request may ask for (OpenAI's limit)
 
@@ -78,8 +79,11 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
+        if not -1 <= self.top_k <= INT32_MAX:  # larger than any vocabulary; and it must fit
+            raise ValueError(f"top_k must be -1, 0 (off) or in [1, {INT32_MAX}], "
+                             f"got {self.top_k}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError(f"seed must be a 64-bit integer, got {self.seed}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         _check_float("min_p", self.min_p, 0.0, 1.0, "[0, 1]")

@@ -11,7 +11,7 @@ import torch
 from nanoserve import LLM
 from nanoserve.config import ModelConfig
 from nanoserve.testing import load_hf_model, relative_logit_error, write_hf_checkpoint
-from nanoserve.weights import load_model, resolve_dtype
+from nanoserve.weights import cpu_native_bf16, load_model, resolve_dtype
 
 
 def test_sharded_checkpoint_loads_and_matches(tmp_path):
@@ -45,8 +45,11 @@ def test_rope_scaling_in_either_spelling():
     assert old.rope_scaling == new.rope_scaling == scaling
 
 
+AUTO_CPU = torch.bfloat16 if cpu_native_bf16() else torch.float32  # auto follows the CPU
+
+
 @pytest.mark.parametrize("dtype,expected", [("float32", torch.float32), ("bf16", torch.bfloat16),
-                                            ("float16", torch.float16), ("auto", torch.float32)])
+                                            ("float16", torch.float16), ("auto", AUTO_CPU)])
 def test_dtypes(hf_checkpoint, dtype, expected):
     assert load_model(hf_checkpoint("gqa"), dtype).embed_tokens.weight.dtype == expected
 

@@ -402,8 +402,8 @@ def test_text_and_stop_strings_survive_preemption():
     """The shipped model, real text, a stop string: a cramped pool changes nothing."""
     prompts = ["The while statement", "Classes provide", "The import statement", "A list"]
     params = SamplingParams(temperature=0, max_tokens=40, stop=["\n\n"])
-    roomy = LLM(block_size=4).generate(prompts, params)
-    cramped_llm = LLM(block_size=4, num_kv_blocks=16)
+    roomy = LLM(dtype="float32", block_size=4).generate(prompts, params)
+    cramped_llm = LLM(dtype="float32", block_size=4, num_kv_blocks=16)
     cramped = cramped_llm.generate(prompts, params)
     assert [(o.text, o.finish_reason) for o in roomy] == \
         [(o.text, o.finish_reason) for o in cramped]

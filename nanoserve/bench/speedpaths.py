@@ -1,0 +1,146 @@
+"""Issue 12's numbers: what each speed path saves, counted where it can be and timed where not.
+
+Why this module exists: the fast paths (packed prefill, the gathered mapping, compiled decode,
+bf16 on a CPU) each claim a saving, and each claim needs one command that remakes it. Counts
+(positions computed, workspace bytes, logit error) are exact; times are always two arms stepped
+alternately in one process on the same checkpoint, reported as a ratio, because a shared CPU's
+absolute times drift by a factor of several within minutes.
+
+    python -m nanoserve.bench.speedpaths positions     # packed vs padded prefill, positions
+    python -m nanoserve.bench.speedpaths workspace     # decode read bytes, ragged batches
+    python -m nanoserve.bench.speedpaths bf16          # bf16 logit error against transformers
+    python -m nanoserve.bench.speedpaths decode --arms gathered reference [--dtype float32]
+    python -m nanoserve.bench.speedpaths decode --arms compile gathered
+    python -m nanoserve.bench.speedpaths decode --arms gathered reference --ragged
+
+``decode`` uses random weights in SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV
+heads, intermediate 1536, vocab 49152, tied), written by transformers (a test dependency), 32
+running requests, and reports each arm's step time and its host share: the step's time outside
+the model forward and the LM head (scheduling, ids, positions, cells, the mapping, sampling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+SMOLLM2_135M = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
+                    max_position_embeddings=4096, initializer_range=0.02)
+
+
+def positions() -> None:
+    from nanoserve import LLM, SamplingParams
+    prompts = [list(range(2, 2 + n)) for n in (5, 12, 40, 3, 90, 17, 8, 60)]
+    for policy in ("packed", "padded"):
+        llm = LLM(dtype="float32", prefill=policy, max_num_seqs=8)
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+        s = llm.stats
+        print(f"prefill={policy}: 8 prompts of 3..90 tokens, positions computed "
+              f"{s.positions_computed}, real tokens {s.tokens_computed}")
+
+
+def workspace() -> None:
+    from nanoserve.attention import workspace_bytes
+    for name, lens in [("one of 2000 + 31 of 50", [2000] + [50] * 31),
+                       ("32 of 16..202", list(range(16, 208, 6))), ("32 of 512", [512] * 32)]:
+        r, g = (workspace_bytes(p, lens, 9, 3, 64, 2) for p in ("reference", "gathered"))
+        print(f"{name}: reference {r / 2**20:.2f} MiB, gathered {g / 2**20:.2f} MiB per layer "
+              f"(bf16, 9/3 heads, D=64), reference/gathered {r / g:.1f}x")
+
+
+def bf16() -> None:
+    from nanoserve.testing import load_hf_model, relative_logit_error, write_hf_checkpoint
+    from nanoserve.weights import load_model
+    for name, shape in [("tiny gqa", ("gqa", {})), ("SmolLM2-135M shape", ("tied", SMOLLM2_135M))]:
+        d = write_hf_checkpoint(tempfile.mkdtemp(), shape[0], **shape[1])
+        vocab = shape[1].get("vocab_size", 256)
+        ids = torch.randint(1, vocab - 1, (1, 64), generator=torch.Generator().manual_seed(0))
+        ref = load_hf_model(d)
+        with torch.no_grad():
+            want = ref(ids).logits[0]
+            hf16 = ref.to(torch.bfloat16)(ids).logits[0].float()
+            ours = load_model(d, "bfloat16")
+            got = ours.compute_logits(ours(ids, torch.arange(64)[None]))[0]
+        def agree(x, want=want):
+            return (x.argmax(-1) == want.argmax(-1)).float().mean().item()
+        print(f"{name}, 64 tokens: ours bf16 vs HF fp32 {relative_logit_error(got, want):.4f} "
+              f"(argmax agrees {agree(got):.0%}); HF bf16 vs HF fp32 "
+              f"{relative_logit_error(hf16, want):.4f} (argmax {agree(hf16):.0%})")
+
+
+def decode(arms: list[str], dtype: str, steps: int, ragged: bool) -> None:
+    from nanoserve import LLM, SamplingParams
+    from nanoserve.testing import write_hf_checkpoint
+    d = write_hf_checkpoint(tempfile.mkdtemp(), "tied", **SMOLLM2_135M)
+    g = torch.Generator().manual_seed(0)
+    lens = ([1500] + torch.randint(20, 60, (31,), generator=g).tolist() if ragged else
+            torch.randint(16, 200, (32,), generator=g).tolist())
+    prompts = [torch.randint(2, 49000, (n,), generator=g).tolist() for n in lens]
+    params = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True)
+    llms, model_s = [], {}
+    for arm in arms:
+        kw = dict(compile=True) if arm == "compile" else dict(attention=arm)
+        llm = LLM(d, dtype=dtype, skip_tokenizer_init=True, max_num_seqs=32, **kw)
+        acc = model_s[arm] = [0.0]
+
+        def timed(f, acc=acc):
+            def run(*a, **k):
+                t = time.perf_counter()
+                out = f(*a, **k)
+                acc[0] += time.perf_counter() - t
+                return out
+            return run
+        if llm.engine.compiled is not None:
+            llm.engine.compiled._fn = timed(llm.engine.compiled._fn)
+        else:
+            llm.model.forward = timed(llm.model.forward)
+            llm.model.compute_logits = timed(llm.model.compute_logits)
+        for i, p in enumerate(prompts):
+            llm.core.add(llm.core.make_request(f"r{i}", p, params))
+        llms.append(llm)
+    rec: dict[str, list[tuple[float, float]]] = {a: [] for a in arms}
+    with torch.inference_mode():
+        for llm in llms:
+            llm.core.step()  # the prefill of all 32
+            llm.core.step()  # the first decode (compile's warm-up lands here)
+        for _ in range(steps):
+            for arm, llm in zip(arms, llms, strict=True):
+                model_s[arm][0] = 0.0
+                t = time.perf_counter()
+                llm.core.step()
+                rec[arm].append((time.perf_counter() - t, model_s[arm][0]))
+    shape = "1 of 1500 + 31 of 20..60" if ragged else "32 of 16..200"
+    print(f"decode, SmolLM2-135M shape (random), {dtype}, 32 running ({shape} prompt tokens), "
+          f"{steps} alternating steps per arm:")
+    for arm, llm in zip(arms, llms, strict=True):
+        step = statistics.median(s for s, _ in rec[arm])
+        host = sum(s - m for s, m in rec[arm]) / sum(s for s, _ in rec[arm])
+        c = llm.engine.compiled
+        extra = f"; {c.compiles} compile(s), warm-up {c.warmup_s:.1f} s" if c else ""
+        print(f"  {arm:9s} step {step * 1e3:7.1f} ms (median), host share {host:.1%}{extra}")
+    a, b = (statistics.median(s for s, _ in rec[x]) for x in arms[:2])
+    print(f"  {arms[0]}/{arms[1]} step time: {a / b:.2f}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m nanoserve.bench.speedpaths")
+    p.add_argument("what", choices=["positions", "workspace", "bf16", "decode"])
+    p.add_argument("--arms", nargs=2, default=["gathered", "reference"],
+                   help="two of: gathered, reference, compile")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--ragged", action="store_true", help="one long request among short ones")
+    a = p.parse_args(argv)
+    if a.what == "decode":
+        decode(a.arms, a.dtype, a.steps, a.ragged)
+    else:
+        {"positions": positions, "workspace": workspace, "bf16": bf16}[a.what]()
+
+
+if __name__ == "__main__":
+    main()
