@@ -99,7 +99,7 @@ print(f"({time.perf_counter() - t0:.1f} s, including writing the checkpoints)")
 # Hq·D + 2·Hkv·D = 64 + 16 + 16 = 96 features per token.
 
 # %%
-model = load_model(hf_checkpoint("gqa"))
+model = load_model(hf_checkpoint("gqa"), "float32")
 cfg = model.cfg
 print(f"E={cfg.hidden_size} Hq={cfg.num_attention_heads} Hkv={cfg.num_key_value_heads} "
       f"D={cfg.head_dim} I={cfg.intermediate_size} V={cfg.vocab_size}")
@@ -191,7 +191,7 @@ print(f"Llama-3.2-1B: {n:,} parameters, {n * 2 / 1e9:.2f} GB in bf16, "
 if (SHIPPED / "model.safetensors").is_file():
     from tokenizers import Tokenizer
 
-    tiny = load_model(SHIPPED)
+    tiny = load_model(SHIPPED, "float32")
     tok = Tokenizer.from_file(str(SHIPPED / "tokenizer.json"))
     print(f"nanoserve-tiny: {tiny.num_parameters():,} parameters, "
           f"{(SHIPPED / 'model.safetensors').stat().st_size / 1e6:.1f} MB on disk")

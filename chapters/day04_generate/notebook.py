@@ -35,7 +35,7 @@ from nanoserve import LLM, SamplingParams
 from nanoserve.tokenizer import IncrementalDetokenizer
 
 t_start = time.perf_counter()
-llm = LLM()
+llm = LLM(dtype="float32")
 tok, model, cfg = llm.tokenizer, llm.model, llm.config
 print(f"nanoserve-tiny: {model.num_parameters():,} parameters, vocab {cfg.vocab_size:,}, "
       f"context {cfg.max_position_embeddings} positions")
@@ -136,7 +136,7 @@ show('stop="execution"',
 for_id = tok.tok.token_to_id("Ġfor")
 show(f"stop_token_ids=[{for_id}] (' for')",
      llm.generate(prompt, SamplingParams(max_tokens=60, stop_token_ids=[for_id], **greedy))[0])
-short = LLM(max_model_len=10)
+short = LLM(dtype="float32", max_model_len=10)
 show("max_model_len=10", short.generate(prompt, SamplingParams(max_tokens=None, **greedy))[0])
 
 # %% [markdown]

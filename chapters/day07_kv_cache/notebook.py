@@ -43,8 +43,8 @@ from nanoserve.model import causal_attention
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # timings on one thread, as the chapter's claim takes them: steadier
-cached = LLM(enable_kv_cache=True)
-uncached = LLM(enable_kv_cache=False)
+cached = LLM(dtype="float32", enable_kv_cache=True)
+uncached = LLM(dtype="float32", enable_kv_cache=False)
 cfg = cached.config
 print(f"nanoserve-tiny: {cached.model.num_parameters():,} parameters, "
       f"{cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads / "

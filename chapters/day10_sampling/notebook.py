@@ -71,7 +71,7 @@ if (SHIPPED / "model.safetensors").is_file():
     from nanoserve.tokenizer import Tokenizer
     from nanoserve.weights import load_model
 
-    model, tok = load_model(SHIPPED), Tokenizer.from_dir(SHIPPED)
+    model, tok = load_model(SHIPPED, "float32"), Tokenizer.from_dir(SHIPPED)
     ids = torch.tensor([tok.encode(PROMPT)])  # (1, T)
     with torch.no_grad():
         hidden = model(ids, torch.arange(ids.shape[1])[None])  # (1, T, E)

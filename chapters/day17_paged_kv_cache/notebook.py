@@ -87,7 +87,7 @@ for label, call in [("extend by 6 more blocks", lambda: t.extend(list(range(6)))
 # out of order, B's far apart.
 
 # %%
-model = load_model(MODEL_DIR)
+model = load_model(MODEL_DIR, "float32")
 tok = Tokenizer.from_dir(MODEL_DIR)
 cfg = model.cfg
 prompts = {"A": "The while statement is used for repeated execution",
@@ -234,7 +234,7 @@ for name in ROW:
 # from the decode steps.
 
 # %%
-llm = LLM(MODEL_DIR)
+llm = LLM(MODEL_DIR, dtype="float32")
 print("LLM's cache:", type(llm.engine.cache).__name__, "with",
       llm.engine.allocator.num_blocks, "blocks of", llm.engine.allocator.block_size)
 outs = llm.generate(list(prompts.values()),

@@ -37,7 +37,7 @@ from nanoserve.weights import load_model
 
 torch.set_num_threads(2)
 SHIPPED = ROOT / "nanoserve" / "checkpoints" / "nanoserve-tiny"
-model = load_model(SHIPPED)
+model = load_model(SHIPPED, "float32")
 tok = Tokenizer.from_dir(SHIPPED)
 print(f"nanoserve-tiny: {model.num_parameters():,} parameters, "
       f"{model.cfg.num_hidden_layers} layers, vocab {model.cfg.vocab_size}")

@@ -35,7 +35,7 @@ from nanoserve.weights import load_model
 
 torch.set_num_threads(2)
 SHIPPED = ROOT / "nanoserve" / "checkpoints" / "nanoserve-tiny"
-model = load_model(SHIPPED)
+model = load_model(SHIPPED, "float32")
 tok = Tokenizer.from_dir(SHIPPED)
 
 # %% [markdown]

@@ -51,7 +51,8 @@ SHIPPED = ROOT / "nanoserve" / "checkpoints" / "nanoserve-tiny"
 
 # %%
 params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in DAY29_MAX_TOKENS]
-llm = LLM(SHIPPED, block_size=4, num_kv_blocks=31, max_num_seqs=8, batching="static")
+llm = LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=31, max_num_seqs=8,
+          batching="static")
 llm.generate(DAY29_PROMPTS, params)  # warm-up: the first forward pays one-off costs
 llm.stats = Stats()  # count the measured run only
 outs = llm.generate(DAY29_PROMPTS, params)
@@ -159,7 +160,7 @@ print(f"row-steps on held rows: {held} (= 7 rows x {st.forward_passes - 4} itera
 
 # %%
 for blocks in (31, 30):
-    small = LLM(SHIPPED, block_size=4, num_kv_blocks=blocks, max_num_seqs=8,
+    small = LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=blocks, max_num_seqs=8,
                 batching="static")
     res = small.generate(DAY29_PROMPTS, params)
     print(f"num_kv_blocks={blocks}: forward passes {small.stats.forward_passes}, "
@@ -194,7 +195,8 @@ texts = ["The for statement", "A class definition is an executable statement",
          "Lambda", "Assignment statements are used to (re)bind names to values and to modify"]
 budgets = [12, 5, 20, 8, 16, 3, 10, 7]
 sps = [SamplingParams(temperature=0, max_tokens=m) for m in budgets]
-ragged = LLM(SHIPPED, block_size=4, max_num_seqs=8, batching="static")
+ragged = LLM(SHIPPED, dtype="float32", block_size=4, max_num_seqs=8,
+             batching="static")
 batched = ragged.generate(texts, sps)
 passes = ragged.stats.forward_passes
 one_by_one = [ragged.generate([t], sp)[0] for t, sp in zip(texts, sps, strict=True)]

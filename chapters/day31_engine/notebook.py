@@ -54,7 +54,7 @@ params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in 
 
 
 def measured(batching: str):
-    llm = LLM(SHIPPED, block_size=4, max_num_seqs=8, batching=batching)
+    llm = LLM(SHIPPED, dtype="float32", block_size=4, max_num_seqs=8, batching=batching)
     llm.generate(DAY29_PROMPTS, params)  # warm-up
     llm.stats = Stats()
     t0 = time.perf_counter()
