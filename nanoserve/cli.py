@@ -5,6 +5,7 @@ runs the offline API on one prompt and prints the continuation, with the numbers
 wants (prompt and generated tokens, wall time, tokens per second) on stderr.
 
     nanoserve generate "The while statement" --max-tokens 60 --temperature 0
+    nanoserve serve --port 8000                      # the OpenAI-compatible server
     nanoserve bench sched --slots 4 --pool-tokens 96 --gen-lens 24 --requests 4 --json
 """
 
@@ -61,16 +62,29 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--device", default="cpu")
     g.add_argument("--no-kv-cache", action="store_true", help="recompute every step (Day 4)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    from . import serve
+
+    serve.add_arguments(sub.add_parser("serve", help="the OpenAI-compatible HTTP server"))
     b = sub.add_parser("bench", help="benchmarks and harnesses")
     bsub = b.add_subparsers(dest="bench", required=True)
-    from .bench import batchbench, sched, stress
+    from .bench import batchbench, graphbench, offline, sched, soak, stress
+    from .bench import serve as serve_bench
 
     sched.add_arguments(bsub.add_parser("sched", help="the scheduler without a model"))
     batchbench.add_arguments(bsub.add_parser("batch", help="the engine on a seeded workload"))
     stress.add_arguments(bsub.add_parser("stress", help="cramped vs roomy, with aborts"))
+    graphbench.add_arguments(bsub.add_parser("graph", help="decode steps a graph can replay, "
+                                                          "free rows vs persistent batch"))
+    serve_bench.add_arguments(bsub.add_parser("serve", help="a seeded load over HTTP, per rate"))
+    soak.add_arguments(bsub.add_parser("soak", help="thousands of requests, hang-ups, no leaks"))
+    offline.add_arguments(bsub.add_parser("offline", help="nanoserve vs transformers and vLLM, "
+                                                     "one ragged workload, same run"))
     args = ap.parse_args(argv)
+    if args.command == "serve":
+        return serve.main(args)
     if args.command == "bench":
-        return {"sched": sched, "batch": batchbench, "stress": stress}[args.bench].main(args)
+        return {"sched": sched, "batch": batchbench, "stress": stress, "graph": graphbench,
+                "serve": serve_bench, "soak": soak, "offline": offline}[args.bench].main(args)
     return _generate(args)
 
 
