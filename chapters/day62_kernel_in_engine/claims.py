@@ -1,0 +1,177 @@
+"""Day 62's numbers: ``attention="triton"`` in the engine, greedy tokens against the reference
+path under preemption, where each step's attention went, the H200 compile of every kernel
+configuration on this CPU, and the card's numbers (read from results/kernel.json when a card
+has written it; skipped without one).
+
+The engine runs a small random transformers-written checkpoint in float32; the kernel runs under
+Triton's interpreter, which costs milliseconds per program, so the run is kept tiny.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import subprocess
+import sys
+
+import torch
+
+from chapters.common import ROOT, hf_checkpoint
+from chapters.runner import exact, gpu
+
+from .snapshot import configs as snap_configs
+from .snapshot import engine_read as snap
+
+PROMPTS = [[0, *range(3 + i, 9 + 3 * i)] for i in range(5)]
+MAX_TOKENS = [5 + i for i in range(5)]
+ENGINE = dict(dtype="float32", skip_tokenizer_init=True, block_size=4, max_num_seqs=3,
+              num_kv_blocks=9)  # a cramped pool: 36 cells for 5 requests, so rows are preempted
+
+
+@functools.cache
+def engine_runs() -> dict:
+    """The same requests through attention="reference" and attention="triton". In the triton
+    run every call of the kernel and of packed prefill is counted, and each kernel call's block
+    ids are held against the frozen snapshot's, read from the slot table at that moment."""
+    import nanoserve.kernels
+    import nanoserve.paged
+    from nanoserve import LLM, SamplingParams
+
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in MAX_TOKENS]
+    runs, seen = {}, {"kernel": [], "packed": 0, "reference": 0}
+    kernel = nanoserve.kernels.paged_attention
+    packed = nanoserve.paged.packed_prefill_attention
+    ref = nanoserve.paged.paged_attention_batched_reference
+    for attention in ("reference", "triton"):
+        llm = LLM(hf_checkpoint("gqa"), attention=attention, **ENGINE)
+        cache = llm.engine.cache
+        if attention == "triton":
+            def spy_kernel(q, k, v, blocks, ctx, bs, *a, cache=cache, **kw):
+                step = cache._step
+                mine = snap.block_ids(cache.slots.cells, step.rows, step.ctx, bs)
+                seen["kernel"].append((q.shape[2], torch.equal(mine, blocks)))
+                return kernel(q, k, v, blocks, ctx, bs, *a, **kw)
+
+            def spy_packed(*a, **kw):
+                seen["packed"] += 1
+                return packed(*a, **kw)
+
+            def spy_ref(*a, **kw):
+                seen["reference"] += 1
+                return ref(*a, **kw)
+
+            nanoserve.kernels.paged_attention = spy_kernel
+            nanoserve.paged.packed_prefill_attention = spy_packed
+            nanoserve.paged.paged_attention_batched_reference = spy_ref
+        try:
+            outs = llm.generate(PROMPTS, params)
+        finally:
+            nanoserve.kernels.paged_attention = kernel
+            nanoserve.paged.packed_prefill_attention = packed
+            nanoserve.paged.paged_attention_batched_reference = ref
+        runs[attention] = ([o.token_ids for o in outs], llm.stats.preemptions,
+                           llm.stats.decode_steps)
+    runs["seen"] = seen
+    return runs
+
+
+def tokens() -> str:
+    r = engine_runs()
+    (ref, pre_ref, _), (tri, pre_tri, _) = r["reference"], r["triton"]
+    differ = sum(a != b for a, b in zip(ref, tri, strict=True))
+    pre = f"{pre_tri} preemptions each" if pre_ref == pre_tri else f"{pre_ref} vs {pre_tri}"
+    return f"{differ} of {len(tri)} differ; {pre}"
+
+
+def kernel_calls() -> str:
+    r = engine_runs()
+    calls = r["seen"]["kernel"]
+    layers = 2  # the gqa checkpoint's num_hidden_layers
+    many = sum(t > 1 for t, _ in calls)
+    return (f"{len(calls)} calls = {r['triton'][2]} decode steps × {layers} layers; "
+            f"{many} with more than one query token")
+
+
+def prefill_calls() -> str:
+    seen = engine_runs()["seen"]
+    return f"{seen['packed']} / {seen['reference']}"
+
+
+def block_ids_agree() -> str:
+    calls = engine_runs()["seen"]["kernel"]
+    return f"{sum(ok for _, ok in calls)} of {len(calls)}"
+
+
+def prefill_reads() -> str:
+    return f"{snap.prefix_cells_read(512):,}"
+
+
+@functools.cache
+def compile_all() -> tuple[int, int, bool]:
+    """``python -m nanoserve.kernels.aot`` in a subprocess without the interpreter, as the tests
+    run it: (compiled, jobs, every compiled job reached a cubin). Once per process; Triton's
+    cache (~/.triton/cache) makes a rerun of unchanged kernels quick."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    run = subprocess.run([sys.executable, "-m", "nanoserve.kernels.aot"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    lines = run.stdout.strip().splitlines()
+    m = re.match(r"(\d+)/(\d+) compiled for GPUTarget\(backend='cuda', arch=90", lines[-1])
+    if run.returncode or not m:
+        raise RuntimeError(f"aot failed: {run.stdout[-2000:]}{run.stderr[-2000:]}")
+    cubins = all("cubin" in ln for ln in lines if ln.startswith("ok"))
+    return int(m[1]), int(m[2]), cubins
+
+
+def compiled() -> str:
+    done, total, cubins = compile_all()
+    return f"{done} of {total}" + ("" if cubins else " (some without a cubin)")
+
+
+def configs_agree() -> str:
+    from nanoserve.kernels.aot import jobs
+
+    def plain(job):
+        kind, args = job
+        return kind, tuple(dataclasses.astuple(a) if dataclasses.is_dataclass(a) else a
+                           for a in args)
+
+    live, frozen = [plain(j) for j in jobs()], [plain(j) for j in snap_configs.jobs()]
+    same = (sum(a == b for a, b in zip(live, frozen, strict=True))
+            if len(live) == len(frozen) else 0)
+    attention = sum(k == "attention" for k, _ in frozen)
+    return f"{same} of {len(frozen)} identical ({attention} attention, " \
+           f"{len(frozen) - attention} merge)"
+
+
+def _card(key: str):
+    from .bench import measure_on_card
+
+    return measure_on_card()["values"][key]
+
+
+CLAIMS = [
+    exact("greedy tokens, attention=\"triton\" vs \"reference\", 5 requests, 3 slots, "
+          "9 four-token blocks", tokens),
+    exact("kernel calls in the triton run", kernel_calls),
+    exact("attention calls in the triton run's prefill steps (2 layers each): packed prefill / "
+          "reference",
+          prefill_calls),
+    exact("block ids the engine handed the kernel vs the frozen snapshot's, per call",
+          block_ids_agree),
+    exact("a 512-token prompt through the kernel: pool cells read per KV head and layer",
+          prefill_reads),
+    exact("kernel configurations compiled to cubin for GPUTarget(\"cuda\", 90, 32) on this CPU",
+          compiled),
+    exact("the package's list of configurations vs the frozen snapshot's", configs_agree),
+    gpu("H200, bf16, Llama-3.2-1B attention, 64 rows × 1,024: gathered time / kernel time",
+        "kernel.json", "gathered_over_kernel_64x1024",
+        measure=functools.partial(_card, "gathered_over_kernel_64x1024"), fmt="{:.2f}x".format),
+    gpu("H200, bf16, 1 row × 4,096 (split-K): gathered time / kernel time", "kernel.json",
+        "gathered_over_kernel_1x4096",
+        measure=functools.partial(_card, "gathered_over_kernel_1x4096"), fmt="{:.2f}x".format),
+    gpu("H200, bf16 kernel vs the float32 reference, max relative error, every bf16 "
+        "configuration", "kernel.json", "bf16_max_rel_error",
+        measure=functools.partial(_card, "bf16_max_rel_error"), fmt="{:.1e}".format),
+]
