@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WHEELS = ROOT / "build" / "gpu-wheels"
 SITE = Path("/tmp/nanoserve-gpu-site")
 RESULTS = ROOT / "chapters" / "day59_graphbench" / "results"
+KERNEL_RESULTS = ROOT / "chapters" / "day62_kernel_in_engine" / "results" / "kernel.json"
 WEIGHTS = Path("/tmp/nanoserve-llama-3.2-1b-random")
 BUDGET_S = 285.0  # the whole script; the arms are started only while they still fit
 ARMS = ("graphs", "eager", "no-compile")
@@ -50,6 +51,8 @@ def stages(results: Path) -> list[tuple[str, str]]:
         ("wheels", f"pip install --no-index --no-deps --target {SITE} {WHEELS}/*.whl"),
         ("gpu tests", f"{sys.executable} -m pytest -q -m gpu {' '.join(gpu_test_files())} "
                       f"-> {results}/gpu-tests.json"),
+        ("kernel", f"{sys.executable} -m chapters.day62_kernel_in_engine.bench --out "
+                   f"{KERNEL_RESULTS}"),
         ("weights", f"random Llama-3.2-1B-shaped bf16 safetensors -> {WEIGHTS}"),
         ("arms", f"graphbench --weights {WEIGHTS} --device cuda --rates "
                  f"{','.join(f'{r:g}' for r in RATES)} --arms {','.join(ARMS)} "
@@ -124,6 +127,24 @@ def run_gpu_tests(results: Results, deadline: float) -> bool:
                    "summary": tail[0], "seconds": round(time.perf_counter() - t0, 1)},
                   tests=shlex.join(cmd[1:]))
     return r.returncode == 0
+
+
+def run_kernel_bench(deadline: float) -> bool:
+    """Day 62's kernel against the gathered path, timed on the card: results/kernel.json."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "chapters.day62_kernel_in_engine.bench", "--out",
+           str(KERNEL_RESULTS)]
+    left = max(10.0, min(90.0, deadline - time.perf_counter() - 150.0))  # leave the arms room
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, timeout=left)
+    except subprocess.TimeoutExpired:
+        return False
+    if done.returncode == 0 and KERNEL_RESULTS.is_file() and os.environ.get("OUT"):
+        import shutil
+
+        shutil.copy(KERNEL_RESULTS, Path(os.environ["OUT"]) / KERNEL_RESULTS.name)
+    return done.returncode == 0
 
 
 def write_weights(folder: Path, seed: int = 0, cfg: dict | None = None,
@@ -209,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     ok = run_gpu_tests(results, deadline)
     print(f"[gpu-check] gpu tests {'passed' if ok else 'FAILED'} "
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    kernel = run_kernel_bench(deadline)
+    print(f"[gpu-check] kernel timing {'written' if kernel else 'FAILED'} "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
     t1 = time.perf_counter()
     weights = write_weights(WEIGHTS)
     print(f"[gpu-check] weights: {weights} in {time.perf_counter() - t1:.0f} s", flush=True)
@@ -235,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[gpu-check] done in {time.perf_counter() - t0:.0f} s; "
           f"skipped: {report['skipped'] or 'none'}")
     gates = report["gates"].values()
-    return 0 if ok and not report["skipped"] and all(v.startswith("PASS") for v in gates) else 1
+    passed = ok and kernel and not report["skipped"] and all(v.startswith("PASS") for v in gates)
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
