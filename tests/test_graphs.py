@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from log_tables import LOG_COVERAGE
 from server_fixture import ServerThread, wait_for
 
 from nanoserve import graphs
@@ -386,26 +387,6 @@ def test_gpu_check_writes_weights_the_loader_reads(tmp_path):
     assert len(out[0].token_ids) == 4 and out[0].text.strip().startswith("t")
 
 
-# The Day-58 table as the log prints it, spaces included (header, then both schedulers).
-LOG_COVERAGE = """\
-     batch  slots  requests    gen lengths  decode steps  replayed  scattered   share  moves   cells
- free rows      4         8             16            30        30          0   100%      0       0
- free rows      4         8           8/16            31        21         10    68%      0       0
- free rows      4         8           4/32            43        36          7    84%      0       0
- free rows      8        16             16            30        30          0   100%      0       0
- free rows      8        16           8/16            31        14         17    45%      0       0
- free rows      8        16           4/32            47        35         12    74%      0       0
- free rows      8        16      4/8/16/32            47        12         35    26%      0       0
- free rows     16        32           4/32            51        34         17    67%      0       0
-persistent      4         8             16            30        30          0   100%      0       0
-persistent      4         8           8/16            31        31          0   100%      3      33
-persistent      4         8           4/32            43        43          0   100%      5      95
-persistent      8        16             16            30        30          0   100%      0       0
-persistent      8        16           8/16            31        31          0   100%      6      66
-persistent      8        16           4/32            47        47          0   100%     11     217
-persistent      8        16      4/8/16/32            47        47          0   100%      8      80
-persistent     16        32           4/32            51        51          0   100%     23     461
-"""
 
 
 def test_coverage_prints_the_logs_table_to_the_character(capsys, tmp_path):
