@@ -79,7 +79,8 @@ print(pos)
 # block_size 4, give each row the blocks its prompt needs, and look at the layout.
 
 # %%
-probe = Engine(model, num_kv_blocks=32, block_size=4, max_num_seqs=4, max_model_len=64)
+probe = Engine(model, num_kv_blocks=32, block_size=4, max_num_seqs=4, max_model_len=64,
+               prefill="padded", attention="reference")
 rows = [0, 1, 2, 3]
 for row, n in zip(rows, LENGTHS, strict=True):
     probe.grant(row, n)
@@ -99,7 +100,8 @@ probe.cache.end_step()
 # 16). The reference is the plain causal forward of Day 1, one prompt at a time, no cache.
 
 # %%
-engine = Engine(model, num_kv_blocks=64, block_size=4, max_num_seqs=4, max_model_len=256)
+engine = Engine(model, num_kv_blocks=64, block_size=4, max_num_seqs=4, max_model_len=256,
+                prefill="padded", attention="reference")
 for row, n in zip(rows, LENGTHS, strict=True):
     engine.grant(row, n + 8)  # room for a few decode steps later
 with torch.inference_mode():
@@ -148,7 +150,8 @@ for t in range(T):
 
 # %%
 long, short = words[:17], words[35:38]
-e2 = Engine(model, num_kv_blocks=32, block_size=4, max_num_seqs=2, max_model_len=64)
+e2 = Engine(model, num_kv_blocks=32, block_size=4, max_num_seqs=2, max_model_len=64,
+            prefill="padded", attention="reference")
 e2.grant(0, len(long))
 e2.grant(1, len(short))
 with torch.inference_mode():
@@ -178,7 +181,8 @@ real = sum(LENGTHS)
 print(f"positions {B * T}, real {real}, padding {B * T - real} ({1 - real / (B * T):.1%})")
 
 
-timer = Engine(model, num_kv_blocks=32, block_size=4, max_num_seqs=4, max_model_len=64)
+timer = Engine(model, num_kv_blocks=32, block_size=4, max_num_seqs=4, max_model_len=64,
+               prefill="padded", attention="reference")
 
 
 def timed(padded: bool) -> float:

@@ -55,7 +55,8 @@ CONTEXTS = [4, 41, 12]
 prompts = [words[:4], words, words[12:24]]
 STEPS = 6
 
-engine = Engine(model, num_kv_blocks=64, block_size=4, max_num_seqs=3, max_model_len=128)
+engine = Engine(model, num_kv_blocks=64, block_size=4, max_num_seqs=3, max_model_len=128,
+                attention="reference")
 rows = [0, 1, 2]
 for row, p in zip(rows, prompts, strict=True):
     engine.grant(row, len(p) + STEPS)
@@ -94,7 +95,8 @@ for p, s in zip(prompts, seqs, strict=True):
 # three prompts and we look at the layout of its first decode step, without running it.
 
 # %%
-probe = Engine(model, num_kv_blocks=64, block_size=4, max_num_seqs=3, max_model_len=128)
+probe = Engine(model, num_kv_blocks=64, block_size=4, max_num_seqs=3, max_model_len=128,
+                attention="reference")
 for row, p in zip(rows, prompts, strict=True):
     probe.grant(row, len(p) + 1)
 with torch.inference_mode():
@@ -148,7 +150,8 @@ for k in (0, 10, 100, 1000):
 
 # %%
 def decode_time(batched: bool, rows_n: int = 8, steps: int = 8) -> float:
-    e = Engine(model, num_kv_blocks=256, block_size=4, max_num_seqs=rows_n, max_model_len=128)
+    e = Engine(model, num_kv_blocks=256, block_size=4, max_num_seqs=rows_n, max_model_len=128,
+               attention="reference")
     rs = list(range(rows_n))
     for r in rs:
         e.grant(r, 16 + steps)

@@ -263,9 +263,9 @@ import types
 def restart_step(engine, out):
     finished = []
     if out.admitted:  # the bug: the prompt only, as if nothing had been generated
-        finished += engine._run(out.admitted, [r.prompt_token_ids for r in out.admitted])
+        finished += engine._run(out.admitted, [r.prompt_token_ids for r in out.admitted], True)
     if out.decode:
-        finished += engine._run(out.decode, [[r.output_token_ids[-1]] for r in out.decode])
+        finished += engine._run(out.decode, [[r.output_token_ids[-1]] for r in out.decode], False)
     return finished
 
 

@@ -125,9 +125,9 @@ print("make stress (200 requests, seed 7, 20 blocks):", dict(abort_targets(200, 
 def restart_step(engine, out):
     finished = []
     if out.admitted:
-        finished += engine._run(out.admitted, [r.prompt_token_ids for r in out.admitted])
+        finished += engine._run(out.admitted, [r.prompt_token_ids for r in out.admitted], True)
     if out.decode:
-        finished += engine._run(out.decode, [[r.output_token_ids[-1]] for r in out.decode])
+        finished += engine._run(out.decode, [[r.output_token_ids[-1]] for r in out.decode], False)
     return finished
 
 
