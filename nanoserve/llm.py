@@ -29,7 +29,10 @@ forward through ``torch.compile`` (Day 49; off by default, its warm-up in
 ``engine.compiled.warmup_s``, its graphs counted in ``engine.compiled.compiles``). ``dtype="auto"``
 on a CPU is bfloat16 where the processor multiplies bf16 natively (AMX or AVX512-BF16) and
 float32 elsewhere; ``llm.dtype`` and ``llm.dtype_reason`` say which, and so does a log line.
-Logits reach the sampler in float32 either way.
+Logits reach the sampler in float32 either way. ``prepack="auto"`` reorders every linear weight
+once, at load, into oneDNN's blocked layout when the model is bf16 on a CPU (bit-identical to
+``F.linear`` there, and faster at decode sizes); ``llm.prepacked`` and ``llm.prepack_reason``
+say what was chosen (``prepack.py``).
 
 A reply ends by the first rule that fires, checked in this order after every token: an EOS id
 (unless ``ignore_eos``), a ``stop_token_ids`` id, a ``stop`` string (the text is cut before it),
@@ -49,6 +52,8 @@ import torch
 from .config import ModelConfig
 from .core import EngineCore
 from .engine import Engine
+from .prepack import prepack_model
+from .prepack import resolve as resolve_prepack
 from .request import Request, RequestMetrics, RequestState
 from .sampling import SamplingParams, sample_requests
 from .scheduler import ALLOCATION_POLICIES
@@ -125,7 +130,7 @@ class LLM:
                  allocation: str = "incremental", fail_on_step: tuple[int, ...] = (),
                  cuda_graphs: bool = False, compact_rows: bool | None = None,
                  prefill: str = "packed", attention: str = "gathered",
-                 compile: bool | str = False):
+                 compile: bool | str = False, prepack: bool | str = "auto"):
         model_dir = Path(model) if model is not None else DEFAULT_MODEL
         if not model_dir.is_dir():
             raise ValueError(f"model folder {model_dir} does not exist")
@@ -160,6 +165,13 @@ class LLM:
         self.dtype_reason = _dtype_reason(dtype, self.dtype, self.device)
         log.info("dtype=%s: %s (%s)", dtype, str(self.dtype).removeprefix("torch."),
                  self.dtype_reason)
+        # Pre-packed oneDNN weights (prepack.py): bf16 on a CPU unless told otherwise.
+        self.prepacked, self.prepack_reason = resolve_prepack(prepack, self.device, self.dtype,
+                                                              compile)
+        if self.prepacked:
+            prepack_model(self.model)
+        log.info("prepack=%s: %s (%s)", prepack, "packed" if self.prepacked else "plain",
+                 self.prepack_reason)
         eos = self.tokenizer.eos_token_ids if self.tokenizer else ()
         self.eos_token_ids = frozenset(eos or cfg.eos_token_ids)
         self.enable_kv_cache = enable_kv_cache

@@ -158,6 +158,7 @@ class Llama(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.packed_head = None  # the LM head's weight packed for oneDNN (nanoserve/prepack.py)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 backend: AttentionBackend | None = None) -> torch.Tensor:
@@ -170,6 +171,8 @@ class Llama(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (..., E) -> logits (..., V), in float32 for the sampler."""
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
 

@@ -1,0 +1,99 @@
+"""Pre-packed CPU weights: every linear's weight reordered once, at load, for oneDNN.
+
+Why this module exists: on a CPU, ``F.linear`` hands a bf16 matmul to oneDNN, which first
+reorders the (N, E) weight into its blocked layout, on every call. At prefill sizes that copy
+hides behind the arithmetic; at decode sizes (a handful of rows) it is most of the call, so a
+decode step read its weights at about half the speed the memory allows. Reordering once, when
+the model is loaded, and calling oneDNN's linear on the packed weight removes the copy from
+every step. Measured on this 2-core x86 CPU (AVX512-BF16, one torch thread), 8 rows, bf16:
+576 -> 1536 went from 130 us to 86 us, and the 576 -> 49152 LM head from 8.7 ms to 4.5 ms.
+
+In bfloat16 the packed call runs the same oneDNN kernel as ``F.linear`` and gives bit-identical
+results, so ``prepack="auto"`` turns it on for bf16 on a CPU. In float32 oneDNN's packed kernel
+accumulates in another order (differences near 1e-4 relative), so float32 packs only when
+asked (``prepack=True``), and the plain path stays the reference.
+
+    LLM(..., prepack="auto")   # bf16 on a CPU: packed; anything else: plain F.linear
+    LLM(..., prepack=True)     # float32 too; refused where oneDNN cannot do it
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+PREPACK_CHOICES = ("auto", True, False)
+DECODE_ROWS_HINT = 8  # oneDNN picks its blocking for this many rows; any count runs
+
+
+def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why packed weights cannot run here, or None when they can."""
+    if device.type != "cpu":
+        return f"packed weights are a CPU path (device is {device.type})"
+    if dtype not in (torch.bfloat16, torch.float32):
+        return f"oneDNN packed linear takes bfloat16 or float32, not {dtype}"
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN (mkldnn)"
+    try:
+        torch.ops.mkldnn._reorder_linear_weight  # noqa: B018  (absent in some builds)
+    except (AttributeError, RuntimeError):
+        return "this torch build has no mkldnn._reorder_linear_weight"
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "oneDNN reports no bf16 support on this CPU"
+    return None
+
+
+def resolve(prepack: bool | str, device: torch.device, dtype: torch.dtype,
+            compile: bool | str) -> tuple[bool, str]:
+    """(pack?, why): ``auto`` packs bf16 on a CPU; ``True`` packs or raises a ValueError."""
+    if prepack not in PREPACK_CHOICES:
+        raise ValueError(f"prepack={prepack!r}; choose one of {PREPACK_CHOICES}")
+    if prepack is False:
+        return False, "prepack=False"
+    why_not = unavailable(device, dtype)
+    if prepack is True:
+        if why_not:
+            raise ValueError(f"prepack=True: {why_not}")
+        if compile:
+            raise ValueError("prepack=True cannot combine with compile: the compiler traces "
+                             "F.linear and packs weights its own way")
+        return True, "prepack=True"
+    if why_not or compile or dtype != torch.bfloat16:
+        return False, why_not or ("compile is on" if compile else
+                                  "float32 packs only when asked (not bit-identical)")
+    return True, "bf16 on a CPU: weights packed for oneDNN at load"
+
+
+class PackedLinear(nn.Module):
+    """``nn.Linear`` with its weight held in oneDNN's blocked layout (an opaque mkldnn tensor)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 rows_hint: int = DECODE_ROWS_HINT):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape  # (N, E)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint)
+        self.bias = None if bias is None else bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., E) -> (..., N)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias,
+                                                  "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+def prepack_model(model: nn.Module) -> int:
+    """Swap every ``nn.Linear`` under ``model.layers`` for a ``PackedLinear``, and give the
+    model a packed LM head (``model.packed_head``). Returns how many weights were packed."""
+    if model.packed_head is not None:
+        raise ValueError("this model's weights are already packed")
+    count = 0
+    for layer in model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, PackedLinear(child.weight, child.bias))
+                    count += 1
+    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    model.packed_head = PackedLinear(head, None)  # tied: the embedding keeps its own copy
+    return count + 1

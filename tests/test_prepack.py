@@ -1,0 +1,87 @@
+"""Pre-packed oneDNN weights (nanoserve/prepack.py) against plain ``F.linear``.
+
+bf16 on a CPU packs by default, so it must be bit-identical there; float32 packs only when asked
+and is held to greedy-token identity and a tight logit bound. The choice is a refusal, never a
+silent fallback, when ``prepack=True`` cannot be honoured.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanoserve import LLM, SamplingParams
+from nanoserve.prepack import PackedLinear, prepack_model, resolve, unavailable
+from nanoserve.testing import relative_logit_error
+from nanoserve.weights import load_model
+
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.skipif(unavailable(CPU, torch.float32) is not None,
+                                reason=str(unavailable(CPU, torch.float32)))
+
+
+def _logits(model, ids):
+    with torch.inference_mode():
+        h = model(torch.tensor([ids]), torch.arange(len(ids))[None])  # (1, T, E)
+        return model.compute_logits(h[0])  # (T, V)
+
+
+@pytest.mark.parametrize("name", ["gqa", "tied", "bias"])
+def test_bf16_packed_logits_are_bit_identical(hf_checkpoint, name):
+    if unavailable(CPU, torch.bfloat16):
+        pytest.skip(unavailable(CPU, torch.bfloat16))
+    plain = load_model(hf_checkpoint(name), "bfloat16")
+    packed = load_model(hf_checkpoint(name), "bfloat16")
+    n = prepack_model(packed)
+    assert n == 4 * plain.cfg.num_hidden_layers + 1  # qkv, o, gate_up, down per layer; the head
+    assert isinstance(packed.layers[0].mlp.down_proj, PackedLinear)
+    ids = list(range(3, 40))
+    assert torch.equal(_logits(plain, ids), _logits(packed, ids))
+
+
+@pytest.mark.parametrize("name", ["gqa", "bias"])
+def test_float32_packed_logits_stay_close(hf_checkpoint, name):
+    plain = load_model(hf_checkpoint(name), "float32")
+    packed = load_model(hf_checkpoint(name), "float32")
+    prepack_model(packed)
+    ids = list(range(3, 40))
+    assert relative_logit_error(_logits(packed, ids), _logits(plain, ids)) < 1e-5
+
+
+def test_greedy_tokens_identical_with_and_without_packing():
+    prompts = ["The for statement", "def main():", "import os\nimport", "A list is"]
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    out = {}
+    for prepack in (True, False):
+        llm = LLM(dtype="float32", prepack=prepack, max_num_seqs=4)
+        assert llm.prepacked is prepack
+        out[prepack] = [o.token_ids for o in llm.generate(prompts, sp)]
+    assert out[True] == out[False]
+
+
+def test_auto_packs_bf16_on_a_cpu_and_nothing_else():
+    bf16_ok = unavailable(CPU, torch.bfloat16) is None
+    assert resolve("auto", CPU, torch.bfloat16, compile=False)[0] is bf16_ok
+    assert resolve("auto", CPU, torch.float32, compile=False) == (
+        False, "float32 packs only when asked (not bit-identical)")
+    assert resolve("auto", CPU, torch.bfloat16, compile=True)[0] is False
+    assert resolve("auto", torch.device("cuda"), torch.bfloat16, compile=False)[0] is False
+    assert resolve(False, CPU, torch.bfloat16, compile=False) == (False, "prepack=False")
+
+
+@pytest.mark.parametrize("args, problem", [
+    (("yes", CPU, torch.float32, False), "choose one of"),
+    ((True, torch.device("cuda"), torch.float32, False), "CPU path"),
+    ((True, CPU, torch.float16, False), "not torch.float16"),
+    ((True, CPU, torch.float32, True), "cannot combine with compile"),
+])
+def test_impossible_requests_are_refused(args, problem):
+    with pytest.raises(ValueError, match=problem):
+        resolve(*args)
+
+
+def test_packing_twice_is_refused(hf_checkpoint):
+    model = load_model(hf_checkpoint("gqa"), "float32")
+    prepack_model(model)
+    with pytest.raises(ValueError, match="already packed"):
+        prepack_model(model)
