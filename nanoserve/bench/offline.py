@@ -656,6 +656,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="KEY=VALUE", help="more keyword arguments for vllm.LLM")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.add_argument("--record", default=None, metavar="PATH",
+                   help="also write the report as a chapter's results file (machine, date, "
+                        "command, values)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -717,7 +720,26 @@ def main(args: argparse.Namespace) -> int:
     print_table(report, console)
     if args.json:
         print(json.dumps(report))
+    if args.record:
+        command = "nanoserve bench offline " + " ".join(sys.argv[1:]).split("bench offline ")[-1]
+        Path(args.record).write_text(json.dumps(as_record(report, command), indent=1) + "\n")
     return 0 if all(r["status"] != "error" for r in result["rows"]) else 1
+
+
+def as_record(report: dict, command: str, date: str | None = None) -> dict:
+    """A report as a chapter's ``recorded`` results file: the machine, the date and the command
+    that made it, the ratios under ``values`` (``ratio_hf``, ``ratio_hf_cb``, ``ratio_vllm``)
+    with each engine's tokens/s, and the whole report beside them."""
+    import datetime
+
+    hw = report["hardware"]
+    values = {f"ratio_{e.replace('-', '_')}": r for e, r in report["ratios"].items()}
+    values.update({f"tokens_per_s_{r['engine'].replace('-', '_')}": r["tokens_per_s"]
+                   for r in report["rows"] if r["status"] == "ok"})
+    return {"machine": f"{platform.machine()} {hw['cpu']}, {hw['cores']} cores, "
+                       + (hw.get("gpu") or "no GPU"),
+            "date": date or datetime.date.today().isoformat(), "command": command,
+            "values": values, "report": report}
 
 
 def print_table(report: dict, console=None) -> None:
