@@ -371,14 +371,14 @@ def test_api_key(guarded):
 
 def test_429_when_the_queue_is_full(guarded):
     """One slot, max_waiting=1: one runs, one waits, the third is refused with Retry-After;
-    a request for n=2 is refused even when nobody waits (n counts as n requests)."""
+    a request for n=2 can never fit a queue of 1, so it is a 400, not a retry."""
     e, auth = guarded.engine, {"Authorization": "Bearer sekrit"}
     body = {"prompt": [5, 6, 7], "max_tokens": LONG, "ignore_eos": True, "stream": True}
     first = raw_post(guarded.port, "/v1/completions", body, auth)
     second = None
     try:
         wait_for(lambda: e.num_running == 1, what="the first request to run")
-        with pytest.raises(openai.RateLimitError):
+        with pytest.raises(openai.BadRequestError, match="max_waiting=1"):
             client(guarded, "sekrit").completions.create(model=NAME, prompt=[5], n=2,
                                                          max_tokens=2)
         second = raw_post(guarded.port, "/v1/completions", body, auth)
