@@ -22,15 +22,18 @@ at construction with the reason, rather than silently running eager.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 import threading
 import time
+import types
 
 import torch
 
 log = logging.getLogger("nanoserve")
 
+_INSTANCES = itertools.count()  # names each instance's copy of the decode code object
 _ACTIVE = threading.local()  # .cache, .rows: the call in flight on this thread
 
 
@@ -96,6 +99,12 @@ class CompiledDecode:
         def forward(ids, pos):  # (Bp, 1) each -> logits (Bp, V)
             return model.compute_logits(model(ids, pos, shim)[:, -1])
 
+        # Dynamo keys its cache and its recompile limit on the code object, and every instance's
+        # ``forward`` shares one: a third compiled engine in a process would find the limit spent
+        # by the first two. A copy of the code object per instance keeps their counts apart.
+        code = forward.__code__.replace(co_name=f"decode_forward_{next(_INSTANCES)}")
+        forward = types.FunctionType(code, forward.__globals__, code.co_name,
+                                     forward.__defaults__, forward.__closure__)
         self._fn = torch.compile(forward, backend=self._inductor, dynamic=False, fullgraph=True)
 
     def _inductor(self, gm, example_inputs):

@@ -303,6 +303,17 @@ def test_compiled_decode_gives_the_same_tokens_and_recompiles_per_bucket(compile
     assert c.warmup_s > 0
 
 
+def test_compiled_engines_in_one_process_keep_their_own_recompile_budget(compiled_llm,
+                                                                         hf_checkpoint):
+    """Dynamo counts recompiles per code object; each engine has its own copy, so the third
+    and fourth compiled engine in a process still compile every bucket they meet."""
+    want = [o.token_ids for o in compiled_llm.generate(COMPILE_PROMPTS, COMPILE_PARAMS)]
+    for _ in range(3):
+        llm = LLM(hf_checkpoint("gqa"), dtype="float32", compile="aot_eager", **COMPILE_KW)
+        assert [o.token_ids for o in llm.generate(COMPILE_PROMPTS, COMPILE_PARAMS)] == want
+        assert llm.engine.compiled.compiles == compiled_llm.engine.compiled.compiles
+
+
 @pytest.mark.slow
 def test_inductor_decode_matches_eager_in_float32(hf_checkpoint):
     """The real backend: C++ built by inductor (about 30 s a bucket on a loaded 2-core CPU)."""
