@@ -1,0 +1,98 @@
+"""Day 53's numbers: the bench's workload, a reduced three-engine run here, and the full table.
+
+The workload rows are counted by the frozen snapshot and held against the package's own
+``make_workload``: 16 seeded requests (prompts of 16-192 tokens, 16-128 new tokens, vocabulary
+2,048), at most 8 rows at a time.
+
+The reduced run is ``run_offline`` on the shipped nanoserve-tiny in float32, one torch thread,
+6 requests (prompts 8-48 tokens, 4-24 new tokens), 4 rows at a time, one round: nanoserve,
+transformers' ``generate`` in static waves and transformers' continuous batching. It checks the
+harness (every engine must produce nanoserve's greedy tokens) and is not timed.
+
+The ``recorded`` rows read the full runs, written on this machine by::
+
+    nanoserve bench offline --shape smollm2-135m --dtype bfloat16 --requests 16 \\
+        --engines nanoserve,hf,hf-cb,vllm --threads 1 --rounds 3 --json
+    nanoserve bench offline --shape smollm2-135m --dtype float32 ...   (the same otherwise)
+    nanoserve bench offline --dtype float32 ...                         (nanoserve-tiny)
+
+and kept as ``results/offline-<model>-<dtype>.json`` with the machine, the date, the command,
+the load average and the whole report.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from chapters.runner import exact, recorded
+
+from .snapshot.workload import make_workload, wave_accounting
+
+REQUESTS, BATCH = 16, 8
+REDUCED = dict(requests=6, prompt_lens=(8, 48), gen_lens=(4, 24))
+REDUCED_BATCH = 4
+PEERS = ("hf", "hf-cb")
+
+
+def accounting() -> dict[str, int]:
+    return wave_accounting(make_workload(REQUESTS).max_tokens, BATCH)
+
+
+def package_agrees() -> str:
+    from nanoserve.bench.offline import make_workload as live
+    from nanoserve.bench.offline import wave_accounting as live_accounting
+
+    mine, theirs = make_workload(REQUESTS), live(REQUESTS)
+    same = (mine.prompts == theirs.prompts and mine.max_tokens == theirs.max_tokens
+            and live_accounting(theirs.max_tokens, BATCH) == accounting())
+    return "identical" if same else "different"
+
+
+@functools.cache
+def reduced() -> dict[str, dict]:
+    from chapters.common import one_thread
+    from nanoserve.bench.offline import Setup, make_workload, run_offline
+    from nanoserve.llm import DEFAULT_MODEL
+
+    wl = make_workload(**REDUCED)
+    setup = Setup(model=DEFAULT_MODEL, dtype="float32", device="cpu", batch=REDUCED_BATCH,
+                  max_model_len=wl.max_len)
+    with one_thread():
+        report = run_offline(setup, wl, engines=("nanoserve", *PEERS), rounds=1)
+    return {row["engine"]: row for row in report["rows"]}
+
+
+def same_tokens(engine: str) -> str:
+    row = reduced()[engine]
+    if row["status"] != "ok":
+        return f"{row['status']}: {row['reason']}"
+    return f"{row['same_tokens_as_nanoserve']} of {REDUCED['requests']}"
+
+
+RATIO = "{:.2f}x".format
+BF16, FP32, TINY = ("offline-smollm2-135m-bfloat16.json", "offline-smollm2-135m-float32.json",
+                    "offline-tiny-float32.json")
+SHAPE = "SmolLM2-135M shape, 16 requests, 8 rows, 1 thread each, 2-core x86 CPU"
+
+CLAIMS = [
+    exact("useful tokens the 16 requests ask for", lambda: accounting()["useful_tokens"]),
+    exact("row-steps static waves of 8 decode for them", lambda: accounting()["computed_tokens"]),
+    exact("share of those row-steps that are waste",
+          lambda: accounting()["wasted_tokens"] / accounting()["computed_tokens"],
+          fmt="{:.1%}".format),
+    exact("the package's workload and accounting against the snapshot's", package_agrees),
+    exact("requests where transformers' generate gives nanoserve's tokens (reduced run)",
+          lambda: same_tokens("hf")),
+    exact("requests where transformers' continuous batching gives nanoserve's tokens "
+          "(reduced run)", lambda: same_tokens("hf-cb")),
+    recorded(f"nanoserve / transformers generate, bf16, {SHAPE}", BF16, "ratio_hf", fmt=RATIO),
+    recorded(f"nanoserve / transformers continuous batching, bf16, {SHAPE}", BF16,
+             "ratio_hf_cb", fmt=RATIO),
+    recorded(f"nanoserve / vLLM CPU 0.32, bf16, {SHAPE}", BF16, "ratio_vllm", fmt=RATIO),
+    recorded(f"nanoserve / transformers generate, float32, {SHAPE}", FP32, "ratio_hf", fmt=RATIO),
+    recorded(f"nanoserve / vLLM CPU 0.32, float32, {SHAPE}", FP32, "ratio_vllm", fmt=RATIO),
+    recorded("nanoserve / transformers generate, float32, nanoserve-tiny, 16 requests, 8 rows",
+             TINY, "ratio_hf", fmt=RATIO),
+    recorded("nanoserve / vLLM CPU 0.32, float32, nanoserve-tiny, 16 requests, 8 rows", TINY,
+             "ratio_vllm", fmt=RATIO),
+]
