@@ -482,9 +482,9 @@ def build_app(engine, served_model_name: str, api_key: str | None = None,
                 jobs.append((f"{rid}-{p * req.n + j}", ids, sp))
         limit = getattr(engine, "max_waiting", None)
         if limit is not None and len(jobs) > max(limit, 1):  # could never fit: not a retry
-            raise ApiError(400, f"{len(prompts)} prompts x n={req.n} = {len(jobs)} sequences "
-                                f"is more than this server queues at once "
-                                f"(max_waiting={limit})", "n")
+            raise ApiError(400, f"{len(jobs)} sequences ({len(prompts)} prompt(s) x n={req.n}) "
+                                f"are more than this server queues at once "
+                                f"(max_waiting={limit}); retrying will not help", "n")
         if limit is not None and len(jobs) > 1 and engine.num_waiting + len(jobs) > limit:
             raise as_api_error(Overloaded(engine.num_waiting, limit))
         return jobs

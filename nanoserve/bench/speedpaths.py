@@ -12,6 +12,8 @@ absolute times drift by a factor of several within minutes.
     python -m nanoserve.bench.speedpaths decode --arms gathered reference [--dtype float32]
     python -m nanoserve.bench.speedpaths decode --arms compile gathered
     python -m nanoserve.bench.speedpaths decode --arms gathered reference --ragged
+    python -m nanoserve.bench.speedpaths decode --arms packed plain --threads 1
+    python -m nanoserve.bench.speedpaths linear --rows 8 --threads 1   # packed weights, one call
 
 ``decode`` uses random weights in SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV
 heads, intermediate 1536, vocab 49152, tied), written by transformers (a test dependency), 32
@@ -84,7 +86,8 @@ def decode(arms: list[str], dtype: str, steps: int, ragged: bool) -> None:
     params = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True)
     llms, model_s = [], {}
     for arm in arms:
-        kw = dict(compile=True) if arm == "compile" else dict(attention=arm)
+        kw = {"compile": dict(compile=True), "packed": dict(prepack=True),
+              "plain": dict(prepack=False)}.get(arm, dict(attention=arm))
         llm = LLM(d, dtype=dtype, skip_tokenizer_init=True, max_num_seqs=32, **kw)
         acc = model_s[arm] = [0.0]
 
@@ -127,16 +130,51 @@ def decode(arms: list[str], dtype: str, steps: int, ragged: bool) -> None:
     print(f"  {arms[0]}/{arms[1]} step time: {a / b:.2f}")
 
 
+def linear(rows: int, dtype: str) -> None:
+    """One SmolLM2-135M layer's projections and the LM head: F.linear vs the packed weight."""
+    from nanoserve.prepack import PackedLinear
+    dt = getattr(torch, dtype)
+    E, inter, V = SMOLLM2_135M["hidden_size"], SMOLLM2_135M["intermediate_size"], 49152
+    shapes = {"qkv 576->960": (E, 960), "o 576->576": (E, E), "gate_up 576->3072": (E, 2 * inter),
+              "down 1536->576": (inter, E), "lm head 576->49152": (E, V)}
+    print(f"linear, {rows} rows, {dtype}, {torch.get_num_threads()} thread(s), best of 5 "
+          f"rounds (us per call):")
+    for name, (k, n) in shapes.items():
+        w, x = torch.randn(n, k, dtype=dt), torch.randn(rows, k, dtype=dt)
+        packed = PackedLinear(w, None)
+        calls = 20 if n > 10_000 else 200
+        best = {"F.linear": 1e9, "packed": 1e9}
+        with torch.inference_mode():
+            same = torch.equal(torch.nn.functional.linear(x, w), packed(x))
+            for _ in range(5):
+                for arm, f, args in (("F.linear", torch.nn.functional.linear, (x, w)),
+                                     ("packed", packed, (x,))):
+                    f(*args)
+                    t = time.perf_counter()
+                    for _ in range(calls):
+                        f(*args)
+                    best[arm] = min(best[arm], (time.perf_counter() - t) / calls)
+        print(f"  {name:20s} F.linear {best['F.linear'] * 1e6:8.0f}  packed "
+              f"{best['packed'] * 1e6:8.0f}  ({best['F.linear'] / best['packed']:.2f}x, "
+              f"{'bit-identical' if same else 'not bit-identical'})")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m nanoserve.bench.speedpaths")
-    p.add_argument("what", choices=["positions", "workspace", "bf16", "decode"])
+    p.add_argument("what", choices=["positions", "workspace", "bf16", "decode", "linear"])
     p.add_argument("--arms", nargs=2, default=["gathered", "reference"],
-                   help="two of: gathered, reference, compile")
+                   help="two of: gathered, reference, compile, packed, plain")
+    p.add_argument("--rows", type=int, default=8, help="linear: rows per call")
+    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--ragged", action="store_true", help="one long request among short ones")
     a = p.parse_args(argv)
-    if a.what == "decode":
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.what == "linear":
+        linear(a.rows, a.dtype)
+    elif a.what == "decode":
         decode(a.arms, a.dtype, a.steps, a.ragged)
     else:
         {"positions": positions, "workspace": workspace, "bf16": bf16}[a.what]()
