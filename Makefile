@@ -57,7 +57,9 @@ bench: setup ## timed and GPU claims, then benchmarks (pytest-benchmark); on CUD
 	@$(call offline_tables,nanoserve$(comma)hf$(comma)hf-cb)
 
 # nanoserve bench offline: nanoserve against transformers (and vLLM), the shipped model and the
-# SmolLM2-135M shape, fp32 and bf16; each table names its hardware; JSON in build/bench/.
+# SmolLM2-135M shape, fp32 and bf16; each table names its hardware; JSON in build/bench/. With
+# vLLM (bench-peers) every in-process engine gets one torch thread, as vLLM's CPU build computes
+# on one core of two and keeps the other for its front end (Day 53).
 comma := ,
 OFFLINE := $(PY) -m nanoserve.cli bench offline
 define offline_tables
@@ -65,7 +67,7 @@ set -e; mkdir -p build/bench; \
 for model in nanoserve-tiny smollm2-135m; do for dtype in float32 bfloat16; do \
   shape=$$([ $$model = nanoserve-tiny ] || echo "--shape $$model"); \
   echo "+ nanoserve bench offline --engines $(1) $$shape --dtype $$dtype"; \
-  $(OFFLINE) --engines $(1) $$shape --dtype $$dtype --json \
+  $(OFFLINE) --engines $(1) $$shape --dtype $$dtype $(3) --json \
     > build/bench/offline-$$model-$$dtype$(2).json; \
 done; done
 endef
@@ -93,7 +95,7 @@ $(VLLM_STAMP):
 	touch $@
 
 bench-peers: setup $(VLLM_STAMP) ## the offline tables with vLLM's CPU build added, then serving: vLLM vs nanoserve
-	@$(call offline_tables,nanoserve$(comma)hf$(comma)hf-cb$(comma)vllm,-peers)
+	@$(call offline_tables,nanoserve$(comma)hf$(comma)hf-cb$(comma)vllm,-peers,--threads 1)
 	@set -e; mkdir -p build/bench; log=build/bench/vllm-serve.log; \
 	echo "+ vLLM's OpenAI server on $(TINY), 127.0.0.1:$(VLLM_PORT) (log: $$log)"; \
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-2} $(VLLM_VENV)/bin/python -m \
