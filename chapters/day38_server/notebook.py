@@ -27,22 +27,15 @@ ROOT = next(p for p in [pathlib.Path.cwd(), *pathlib.Path.cwd().parents]
             if (p / "nanoserve").is_dir())
 sys.path.insert(0, str(ROOT))
 
-import asyncio
-import concurrent.futures
 import json
 
 import httpx
 
+from chapters.common import run_async
 from chapters.day38_server.live import live_server
 
 KEY = "sk-notebook"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-def run_async(coro):
-    """asyncio.run on a thread of its own: a Jupyter kernel already runs an event loop here."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
 ctx = live_server(max_num_seqs=4, num_kv_blocks=64, block_size=4, max_waiting=4, api_key=KEY,
                   max_body_bytes=64 << 10)
 live = ctx.__enter__()

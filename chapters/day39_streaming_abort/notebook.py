@@ -26,11 +26,11 @@ ROOT = next(p for p in [pathlib.Path.cwd(), *pathlib.Path.cwd().parents]
 sys.path.insert(0, str(ROOT))
 
 import asyncio
-import concurrent.futures
 import time
 
 import httpx
 
+from chapters.common import run_async
 from chapters.day38_server.live import live_server
 from chapters.day39_streaming_abort.snapshot.sse import (
     ClientGone,
@@ -38,13 +38,6 @@ from chapters.day39_streaming_abort.snapshot.sse import (
     frame,
     until_disconnect,
 )
-
-
-def run_async(coro):
-    """asyncio.run on a thread of its own: a Jupyter kernel already runs an event loop here."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
 
 ctx = live_server(max_num_seqs=4, num_kv_blocks=256, block_size=4)
 live = ctx.__enter__()

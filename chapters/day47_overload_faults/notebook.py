@@ -26,20 +26,14 @@ ROOT = next(p for p in [pathlib.Path.cwd(), *pathlib.Path.cwd().parents]
 sys.path.insert(0, str(ROOT))
 
 import asyncio
-import concurrent.futures
 import threading
 import time
 
 import httpx
 
+from chapters.common import run_async
 from chapters.day38_server.live import live_server
 from chapters.day47_overload_faults.snapshot.admission import replay
-
-
-def run_async(coro):
-    """asyncio.run on a thread of its own: a Jupyter kernel already runs an event loop here."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 def greedy(prompt, n, **kw):
