@@ -29,9 +29,8 @@ LLAMA_3_2_1B = {
 
 
 def run_async(coro):
-    """``asyncio.run(coro)``, from a plain script or a notebook cell alike: a Jupyter kernel
-    already runs an event loop on its main thread, so the coroutine gets a thread and a loop of
-    its own."""
+    """``asyncio.run(coro)`` from a plain script or a notebook cell alike (a Jupyter kernel
+    already runs an event loop on its main thread): the coroutine gets a thread of its own."""
     import asyncio
     import concurrent.futures
 

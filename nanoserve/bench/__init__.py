@@ -1,1 +1,15 @@
 """Benchmarks and harnesses that the chapters' tables come from."""
+
+
+def run_sync(coro):
+    """``asyncio.run(coro)``, also when the caller already runs an event loop (a notebook
+    cell): then the coroutine gets a thread and a loop of its own."""
+    import asyncio
+    import concurrent.futures
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()

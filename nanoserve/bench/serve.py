@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import concurrent.futures
 import contextlib
 import json
 import math
@@ -44,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import run_sync
 from .workload import SampleRequest, arrival_times, random_requests
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "checkpoints" / "nanoserve-tiny"
@@ -278,13 +278,7 @@ def run_bench(url: str | None = None, rates=(float("inf"),), requests: int = 64,
         name = served_model_name or _served_model(base_url, request_timeout_s)
         coro = _arun_bench(base_url, rates, reqs, name, burstiness, max_concurrency, seed,
                            request_timeout_s, max_duration_s, progress)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            results = asyncio.run(coro)
-        else:  # called from a running loop (a notebook): run ours on a thread of its own
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                results = pool.submit(asyncio.run, coro).result()
+        results = run_sync(coro)  # a notebook's running loop is not ours to block
     workload = {"model": name or (str(model) if model is not None else DEFAULT_MODEL.name),
                 "requests": requests, "input_len": input_len, "output_len": output_len,
                 "range_ratio": range_ratio, "seed": seed}

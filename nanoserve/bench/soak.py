@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..llm import DEFAULT_MODEL
+from . import run_sync
 
 
 @dataclass(slots=True)
@@ -220,8 +221,8 @@ def run_soak(requests: int = 10_000, concurrency: int = 64, disconnect_rate: flo
                       timeout_s=180.0) as server, \
             Progress(transient=False, disable=not show_progress) as bar:
         task = bar.add_task("soak", total=len(jobs))
-        raw = asyncio.run(_soak(server.url, server.pid, jobs, concurrency, model_dir.name,
-                                lambda n: bar.update(task, completed=n)))
+        raw = run_sync(_soak(server.url, server.pid, jobs, concurrency, model_dir.name,
+                             lambda n: bar.update(task, completed=n)))
     wall = time.perf_counter() - t0
     reference = reference_texts(jobs, model_dir)
     outcomes = [r["outcome"] for r in raw["results"]]
