@@ -62,12 +62,21 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
+
+# Without CUDA, Triton runs only in its interpreter, and the flag must be set before anything
+# imports triton: in one process running every chapter (make chapters, the site build), Day 49's
+# inductor imports it long before Day 60's kernel does.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 CHAPTERS = Path(__file__).resolve().parent
 KINDS = ("exact", "bound", "timed", "gpu", "recorded")

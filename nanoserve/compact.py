@@ -25,6 +25,7 @@ scheduler holds: a mode, the engine's ``on_move`` callback, and three counters t
 together say what happened (``calls``: schedules that looked; ``compactions``: looks that moved
 something; ``moves``).
 
+```pycon
 >>> rows = [1, 3, 4]            # three running requests, row 0 and row 2 empty
 >>> holes(rows), strays(rows)
 ([0, 2], [3, 4])
@@ -32,6 +33,8 @@ something; ``moves``).
 ['3->0', '4->2']
 >>> is_compact([1, 0, 2]), is_compact([0, 2])
 (True, False)
+
+```
 
 The gates at the bottom are the claims stated as functions that can fail: every decode step of
 an arm replayed, every compaction moved exactly as many rows as there were holes, and a run never

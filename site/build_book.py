@@ -166,7 +166,8 @@ def rewrite_links(ch: Chapter, text: str, page_dir: Path, notebook_shown: bool) 
         if chapter.parent == ROOT / "chapters" and chapter.is_dir():
             return f"{m[1]}../{chapter.name}/index.md{m[3]}"
         if src.suffix == ".py" and src.is_relative_to(PACKAGE):
-            module = ".".join(src.relative_to(PACKAGE).with_suffix("").parts)
+            parts = src.relative_to(PACKAGE).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             return f"{m[1]}../../api/{module}.md{m[3]}"
         if src.is_file() and src.is_relative_to(ch.path) and src.suffix != ".md":
             dest = page_dir / src.relative_to(ch.path)
@@ -206,6 +207,8 @@ def modules() -> list[str]:
     found = []
     for f in sorted(PACKAGE.rglob("*.py")):
         parts = f.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__" and len(parts) > 1:  # a subpackage: its own page
+            parts = parts[:-1]
         if not any(p.startswith("_") for p in parts):
             found.append(".".join(parts))
     return found

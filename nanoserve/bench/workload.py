@@ -12,10 +12,13 @@ vLLM's ``benchmark_serving``:
   ``burstiness=1`` is a Poisson process (exponential gaps); below 1 the arrivals bunch up, above
   1 they space out evenly. ``rate=inf`` sends every request at once.
 
-    >>> arrival_times(4, float("inf"), 1.0, seed=0)
-    [0.0, 0.0, 0.0, 0.0]
-    >>> [r.prompt_len for r in random_requests(3, 8, 4, 0.0, vocab_size=100, seed=0)]
-    [8, 8, 8]
+```pycon
+>>> arrival_times(4, float("inf"), 1.0, seed=0)
+[0.0, 0.0, 0.0, 0.0]
+>>> [r.prompt_len for r in random_requests(3, 8, 4, 0.0, vocab_size=100, seed=0)]
+[8, 8, 8]
+
+```
 """
 
 from __future__ import annotations
