@@ -222,6 +222,8 @@ def write_api() -> list[dict]:
     (DOCS / "api").mkdir(parents=True, exist_ok=True)
     for mod in modules():
         path = PACKAGE.joinpath(*mod.split(".")).with_suffix(".py")
+        if not path.is_file():  # a subpackage: its docstring is its __init__'s
+            path = PACKAGE.joinpath(*mod.split("."), "__init__.py")
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         summary = doc.strip().splitlines()[0] if doc.strip() else ""
         (DOCS / "api" / f"{mod}.md").write_text(f"# nanoserve.{mod}\n\n::: nanoserve.{mod}\n")
