@@ -28,16 +28,6 @@ LLAMA_3_2_1B = {
 }
 
 
-def run_async(coro):
-    """``asyncio.run(coro)`` from a plain script or a notebook cell alike (a Jupyter kernel
-    already runs an event loop on its main thread): the coroutine gets a thread of its own."""
-    import asyncio
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
 @functools.cache
 def _tmp() -> Path:
     return Path(tempfile.mkdtemp(prefix="nanoserve-chapters-"))

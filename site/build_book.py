@@ -166,9 +166,7 @@ def rewrite_links(ch: Chapter, text: str, page_dir: Path, notebook_shown: bool) 
         if chapter.parent == ROOT / "chapters" and chapter.is_dir():
             return f"{m[1]}../{chapter.name}/index.md{m[3]}"
         if src.suffix == ".py" and src.is_relative_to(PACKAGE):
-            parts = src.relative_to(PACKAGE).with_suffix("").parts
-            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            return f"{m[1]}../../api/{module}.md{m[3]}"
+            return f"{m[1]}../../api/{module_name(src)}.md{m[3]}"
         if src.is_file() and src.is_relative_to(ch.path) and src.suffix != ".md":
             dest = page_dir / src.relative_to(ch.path)
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -202,15 +200,20 @@ def write_chapter(ch: Chapter, figures: list[Path], execute: bool) -> list[str]:
     return fatal
 
 
-def modules() -> list[str]:
-    """nanoserve's public modules, found on disk so that a new file gets its page by itself."""
-    found = []
+def module_name(path: Path) -> str:
+    """nanoserve/bench/serve.py -> "bench.serve"; a subpackage's __init__.py -> "bench"."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    """nanoserve's public modules and their files, found on disk so that a new file gets its
+    page by itself (the package's own __init__ has none: the home page is its page)."""
+    found = {}
     for f in sorted(PACKAGE.rglob("*.py")):
-        parts = f.relative_to(PACKAGE).with_suffix("").parts
-        if parts[-1] == "__init__" and len(parts) > 1:  # a subpackage: its own page
-            parts = parts[:-1]
-        if not any(p.startswith("_") for p in parts):
-            found.append(".".join(parts))
+        name = module_name(f)
+        if name and not any(p.startswith("_") for p in name.split(".")):
+            found[name] = f
     return found
 
 
@@ -220,10 +223,7 @@ def write_api() -> list[dict]:
             "| module | what it holds |", "|---|---|"]
     nav = [{"Overview": "api/index.md"}]
     (DOCS / "api").mkdir(parents=True, exist_ok=True)
-    for mod in modules():
-        path = PACKAGE.joinpath(*mod.split(".")).with_suffix(".py")
-        if not path.is_file():  # a subpackage: its docstring is its __init__'s
-            path = PACKAGE.joinpath(*mod.split("."), "__init__.py")
+    for mod, path in modules().items():
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         summary = doc.strip().splitlines()[0] if doc.strip() else ""
         (DOCS / "api" / f"{mod}.md").write_text(f"# nanoserve.{mod}\n\n::: nanoserve.{mod}\n")

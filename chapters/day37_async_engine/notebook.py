@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch
 
-from chapters.common import SHIPPED, run_async
+from chapters.common import SHIPPED
 from chapters.day01_llama_forward.snapshot.weights import load_model
 from chapters.day36_engine_core.claims import WORKLOAD, greedy, joined
 from chapters.day36_engine_core.snapshot.core import EngineCore
@@ -40,6 +40,7 @@ from chapters.day37_async_engine.claims import settle, stream
 from chapters.day37_async_engine.snapshot.async_engine import AsyncEngine
 from nanoserve import LLM
 from nanoserve.async_engine import AsyncLLM, EngineDead, Overloaded
+from nanoserve.bench import run_sync
 from nanoserve.tokenizer import IncrementalDetokenizer
 
 torch.set_num_threads(1)
@@ -72,7 +73,7 @@ async def twelve():
     return await asyncio.gather(*(consume(i, *w) for i, w in enumerate(WORKLOAD)))
 
 
-streams = joined(run_async(twelve()))
+streams = joined(run_sync(twelve()))
 offline = offline_llm.generate([ids for ids, _, _ in WORKLOAD],
                                [greedy(m, stop) for _, m, stop in WORKLOAD])
 bad = [i for i, o in enumerate(offline)
@@ -129,7 +130,7 @@ async def on_loop():
 
 
 for name, run in (("engine thread", on_thread), ("on the loop", on_loop)):
-    worst, wall = run_async(run())
+    worst, wall = run_sync(run())
     print(f"{name:>13}: requests took {wall * 1e3:6.1f} ms; the loop's worst lateness "
           f"{worst * 1e3:6.1f} ms")
 
@@ -164,7 +165,7 @@ async def leave():
     return len(got), held, engine.iterations - at
 
 
-n, held, lag = run_async(leave())
+n, held, lag = run_sync(leave())
 print(f"cancelled after {n} deltas, holding {held} blocks; {lag} iteration(s) from the cancel "
       f"to the abort's report; blocks held now {pool.num_held}")
 
@@ -183,7 +184,7 @@ def counted():
     return real()
 
 
-run_async(settle(lambda: len(engine._cond._waiters) == 1))  # parked in Condition.wait
+run_sync(settle(lambda: len(engine._cond._waiters) == 1))  # parked in Condition.wait
 before = engine.iterations
 engine.core.has_unfinished = counted
 time.sleep(0.3)
@@ -222,7 +223,7 @@ async def burst():
         print(f"  {deltas[-1].request_id}: {len(deltas)} deltas, {deltas[-1].finish_reason}")
 
 
-run_async(burst())
+run_sync(burst())
 
 # %% [markdown]
 # ## 6. Death and shutdown
@@ -251,7 +252,7 @@ async def die():
             print(f"{rid}: EngineDead: {e}")
 
 
-run_async(die())
+run_sync(die())
 
 
 async def shut():
@@ -267,7 +268,7 @@ async def shut():
     return ends
 
 
-print(run_async(shut()), "| pool full:", pool.num_free == pool.num_blocks)
+print(run_sync(shut()), "| pool full:", pool.num_free == pool.num_blocks)
 
 # %% [markdown]
 # ## 7. The snapshot's streams
@@ -287,7 +288,7 @@ async def snap_twelve():
     return joined(await asyncio.gather(*(one(i, *w) for i, w in enumerate(WORKLOAD))))
 
 
-theirs = run_async(snap_twelve())
+theirs = run_sync(snap_twelve())
 time.sleep(0.05)
 snap.stop()
 same = sum((streams[k]["tokens"], streams[k]["text"]) == (theirs[k]["tokens"], theirs[k]["text"])

@@ -31,8 +31,8 @@ import json
 
 import httpx
 
-from chapters.common import run_async
 from chapters.day38_server.live import live_server
+from nanoserve.bench import run_sync
 
 KEY = "sk-notebook"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -153,12 +153,12 @@ async def ask(body):
                                  base_url="http://frozen") as fc:
         return (await fc.post("/v1/completions", json=body)).json()
 
-old = run_async(ask({"prompt": prompt, "max_tokens": 12}))
+old = run_sync(ask({"prompt": prompt, "max_tokens": 12}))
 new = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 12, "temperature": 0,
                                       "ignore_eos": True, "return_token_ids": True}).json()
 print("frozen:", old["choices"][0]["token_ids"], old["usage"])
 print("live:  ", new["choices"][0]["token_ids"], new["usage"])
-print("frozen error:", run_async(ask({"prompt": prompt, "max_tokens": "10"})))
+print("frozen error:", run_sync(ask({"prompt": prompt, "max_tokens": "10"})))
 
 # %%
 c.close()

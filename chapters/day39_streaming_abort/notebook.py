@@ -30,7 +30,6 @@ import time
 
 import httpx
 
-from chapters.common import run_async
 from chapters.day38_server.live import live_server
 from chapters.day39_streaming_abort.snapshot.sse import (
     ClientGone,
@@ -38,6 +37,7 @@ from chapters.day39_streaming_abort.snapshot.sse import (
     frame,
     until_disconnect,
 )
+from nanoserve.bench import run_sync
 
 ctx = live_server(max_num_seqs=4, num_kv_blocks=256, block_size=4)
 live = ctx.__enter__()
@@ -185,7 +185,7 @@ async def watch():
         await asyncio.sleep(0)
         return asks, work.cancelled()
 
-print("asks, work cancelled:", run_async(watch()))
+print("asks, work cancelled:", run_sync(watch()))
 
 # %%
 c.close()

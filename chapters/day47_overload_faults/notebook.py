@@ -31,9 +31,9 @@ import time
 
 import httpx
 
-from chapters.common import run_async
 from chapters.day38_server.live import live_server
 from chapters.day47_overload_faults.snapshot.admission import replay
+from nanoserve.bench import run_sync
 
 
 def greedy(prompt, n, **kw):
@@ -81,7 +81,7 @@ async def burst():
         return await asyncio.gather(*(ac.post("/v1/completions", json=greedy(
             f"The {w} statement", 8)) for w in words.split()))
 
-replies = run_async(burst())
+replies = run_sync(burst())
 for w, r in zip(words.split(), replies, strict=True):
     said = repr(r.json()["choices"][0]["text"]) if r.status_code == 200 else \
         f"Retry-After: {r.headers['retry-after']}  {r.json()['error']['message']}"

@@ -90,15 +90,13 @@ print(f"\nscores: {sum(k * k for k in layout.seq_lens)} in the blocks, {n * n} i
 # `prefill=`. One token each first, so that the counters show the prefill alone.
 
 # %%
-LENGTHS = [5, 12, 40, 3, 90, 17, 8, 60]
-TEXT = ("A generator function returns an iterator that yields one value each time its body "
-        "reaches a yield expression, and the local state of the function is kept between calls. "
-        "When the body returns, the iterator raises StopIteration, which ends a for loop that "
-        "is consuming it. A class defines its own iteration by implementing the __iter__ "
-        "method, which must return an object with a __next__ method; the built-in function "
-        "iter calls the first and next calls the second.")
+from chapters.day51_packed_prefill.claims import LENGTHS, TEXT
+from chapters.day51_packed_prefill.claims import prompts as claim_prompts
+
 words = tok.encode(TEXT, add_special_tokens=False)
-prompts = [words[2 * i:2 * i + n] for i, n in enumerate(LENGTHS)]
+
+prompts = [list(p) for p in claim_prompts()]  # slices of one paragraph of Python's docs
+print("lengths:", [len(p) for p in prompts], "(asked:", LENGTHS, ")")
 runs = {}
 for policy in ("packed", "padded"):
     llm = LLM(SHIPPED, dtype="float32", prefill=policy, max_num_seqs=8, max_model_len=256)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 
-from chapters.runner import exact, recorded
+from chapters.runner import exact, recorded, timed
 
 from .snapshot.workload import make_workload, wave_accounting
 
@@ -62,6 +62,59 @@ def reduced() -> dict[str, dict]:
     return {row["engine"]: row for row in report["rows"]}
 
 
+# SmolLM2-135M's projections (in, out) and its tied LM head: what prepack packs, 8 decode rows.
+PROJECTIONS = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072),
+               "down": (1536, 576), "lm head": (576, 49152)}
+ROWS = 8
+
+
+def _linear_pair(k: int, n: int):
+    import torch
+
+    from nanoserve.prepack import PackedLinear
+
+    g = torch.Generator().manual_seed(n)
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)  # (N, E)
+    x = torch.randn(ROWS, k, generator=g).to(torch.bfloat16)  # (B, E)
+    return x, w, PackedLinear(w, None)
+
+
+def packed_identical() -> str:
+    import torch
+
+    same = 0
+    with torch.inference_mode():
+        for k, n in PROJECTIONS.values():
+            x, w, packed = _linear_pair(k, n)
+            same += torch.equal(torch.nn.functional.linear(x, w), packed(x))
+    return f"{same} of {len(PROJECTIONS)}"
+
+
+def head_speedup() -> float:
+    """F.linear time / packed time for the LM head, best of 5 interleaved rounds of 10 calls."""
+    import time
+
+    import torch
+
+    from chapters.common import best_of
+
+    x, w, packed = _linear_pair(*PROJECTIONS["lm head"])
+
+    def arm(f, *args):
+        def run() -> float:
+            with torch.inference_mode():
+                f(*args)
+                t = time.perf_counter()
+                for _ in range(10):
+                    f(*args)
+                return time.perf_counter() - t
+        return run
+
+    best = best_of(5, {"plain": arm(torch.nn.functional.linear, x, w), "packed": arm(packed, x)},
+                   lambda s: s)
+    return best["plain"] / best["packed"]
+
+
 def same_tokens(engine: str) -> str:
     row = reduced()[engine]
     if row["status"] != "ok":
@@ -90,9 +143,17 @@ CLAIMS = [
              "ratio_hf_cb", fmt=RATIO),
     recorded(f"nanoserve / vLLM CPU 0.32, bf16, {SHAPE}", BF16, "ratio_vllm", fmt=RATIO),
     recorded(f"nanoserve / transformers generate, float32, {SHAPE}", FP32, "ratio_hf", fmt=RATIO),
+    recorded(f"nanoserve / transformers continuous batching, float32, {SHAPE}", FP32,
+             "ratio_hf_cb", fmt=RATIO),
     recorded(f"nanoserve / vLLM CPU 0.32, float32, {SHAPE}", FP32, "ratio_vllm", fmt=RATIO),
     recorded("nanoserve / transformers generate, float32, nanoserve-tiny, 16 requests, 8 rows",
              TINY, "ratio_hf", fmt=RATIO),
+    recorded("nanoserve / transformers continuous batching, float32, nanoserve-tiny, "
+             "16 requests, 8 rows", TINY, "ratio_hf_cb", fmt=RATIO),
     recorded("nanoserve / vLLM CPU 0.32, float32, nanoserve-tiny, 16 requests, 8 rows", TINY,
              "ratio_vllm", fmt=RATIO),
+    exact("packed weights vs F.linear, SmolLM2-135M's four projections and LM head, 8 rows, "
+          "bf16: bit-identical outputs", packed_identical),
+    timed("LM head 576 -> 49152, 8 rows, bf16, one thread, 2-core x86 CPU: F.linear time / "
+          "packed time", head_speedup),
 ]
