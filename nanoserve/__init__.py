@@ -3,10 +3,15 @@
     >>> from nanoserve import LLM, SamplingParams
     >>> llm = LLM()                      # the shipped nanoserve-tiny checkpoint
     >>> out = llm.generate(["The for statement"], SamplingParams(temperature=0, max_tokens=20))
+
+The serving engine is ``LLM``'s sibling over the same kind of core; both take ``EngineConfig``'s
+options (``AsyncLLM(EngineConfig(max_num_seqs=16))``, or ``LLM(max_num_seqs=16)``).
 """
 
+from .async_engine import AsyncLLM
+from .config import EngineConfig
 from .llm import LLM, RequestOutput
 from .sampling import SamplingParams
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams"]
+__all__ = ["AsyncLLM", "EngineConfig", "LLM", "RequestOutput", "SamplingParams"]
 __version__ = "0.1.0"

@@ -2,7 +2,10 @@
 
 Why this module exists: a server handles many clients on one asyncio event loop, and a forward
 pass blocks for milliseconds to seconds. Run the model on the loop and every other client stalls;
-so the core lives on its own thread, and the two sides meet in exactly two places:
+so the core lives on its own thread. ``AsyncLLM`` is ``LLM``'s sibling over the engine core, as in
+vLLM: ``AsyncLLM(EngineConfig(...))`` loads its own core (``AsyncLLM.from_options(**kw)`` takes
+``LLM``'s keywords), and ``AsyncLLM(core)`` drives an existing one, alone. The two sides meet in
+exactly two places:
 
 - **in**: ``generate`` checks a request on the caller's side (a bad one is a ``ValueError``
   before anything is queued) and puts it in the inbox; ``abort`` puts an abort there. The engine
@@ -27,6 +30,7 @@ engine thread dies, every stream gets ``EngineDead`` and so does every later req
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -34,8 +38,10 @@ from collections.abc import AsyncIterator
 
 import torch
 
-from .core import RequestDelta
+from .config import EngineConfig
+from .core import CoreSnapshot, EngineCore, RequestDelta
 from .sampling import SamplingParams
+from .validation import InvalidRequest
 
 
 class Overloaded(Exception):
@@ -52,13 +58,21 @@ class EngineDead(RuntimeError):
 
 
 class AsyncLLM:
-    def __init__(self, llm, max_waiting: int | None = None):
-        if max_waiting is not None and max_waiting < 0:
-            raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
-        if llm.core.driver is not None:
-            raise ValueError(f"this LLM's engine core is already driven by {llm.core.driver}")
-        self.llm = llm
-        self.core = llm.core
+    """The serving front door, a sibling of ``LLM``: built from an ``EngineConfig`` (its own
+    core is loaded) or over an existing ``EngineCore``, which it then drives alone."""
+
+    def __init__(self, engine: EngineConfig | EngineCore, max_waiting: int | None = None):
+        if max_waiting is not None and (isinstance(max_waiting, bool)
+                                        or not isinstance(max_waiting, int) or max_waiting < 0):
+            raise ValueError(f"max_waiting must be an int >= 0, got {max_waiting!r}")
+        if isinstance(engine, EngineConfig):
+            engine = EngineCore.from_config(engine)
+        elif not isinstance(engine, EngineCore):
+            raise TypeError(f"AsyncLLM takes an EngineConfig or an EngineCore, not "
+                            f"{type(engine).__name__} (build it with AsyncLLM.from_options)")
+        if engine.driver is not None:
+            raise ValueError(f"this engine core is already driven by {engine.driver}")
+        self.core = engine
         self.core.driver = "an AsyncLLM"
         self.max_waiting = max_waiting
         self._cond = threading.Condition()
@@ -71,6 +85,30 @@ class AsyncLLM:
         self.error: BaseException | None = None  # why the engine thread died
         self.drain_checks = 0  # times the core drained and every block was found back
         self.iterations = 0
+
+    @classmethod
+    def from_options(cls, model=None, max_waiting: int | None = None, **options) -> AsyncLLM:
+        """``LLM``'s keywords (``EngineConfig``'s names), plus ``max_waiting``."""
+        return cls(EngineConfig.from_options(model, **options), max_waiting=max_waiting)
+
+    # ------------------------------------------------------------------ what it serves
+
+    @property
+    def tokenizer(self):
+        return self.core.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.core.vocab_size
+
+    def snapshot(self) -> CoreSnapshot:
+        """The core's snapshot, with waiting counted as the door counts it (inbox included)."""
+        snap = self.core.snapshot()
+        return dataclasses.replace(snap, num_waiting=self._inbox_adds + snap.num_waiting)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -138,7 +176,8 @@ class AsyncLLM:
         if not self._accepting:
             raise EngineDead("the engine is shutting down")
         if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already live")
+            raise InvalidRequest(f"request id {request_id!r} is already live", "request_id",
+                                 request_id)
         request = self.core.make_request(request_id, prompt_token_ids, params)
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         with self._cond:

@@ -17,6 +17,7 @@ import time
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from .config import EngineConfig
     from .llm import LLM
     from .sampling import SamplingParams
 
@@ -25,8 +26,7 @@ def _generate(args: argparse.Namespace) -> int:
                                 seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
                                 ignore_eos=args.ignore_eos)
         t0 = time.perf_counter()
-        llm = LLM(args.model, dtype=args.dtype, device=args.device,
-                  enable_kv_cache=not args.no_kv_cache)
+        llm = LLM.from_config(EngineConfig.from_cli_args(args))
         t1 = time.perf_counter()
         prompt = args.prompt
         if args.chat:  # the template writes BOS itself: encode without adding another
@@ -46,11 +46,13 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="nanoserve", description="nanoserve: an LLM engine")
+    ap = argparse.ArgumentParser(prog="nanoserve", description="nanoserve: an LLM engine",
+                                 allow_abbrev=False)
     sub = ap.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="continue one prompt with the offline engine")
+    # allow_abbrev=False: a misspelt flag (--max-num-seq) is refused, never read as another
+    g = sub.add_parser("generate", help="continue one prompt with the offline engine",
+                       allow_abbrev=False)
     g.add_argument("prompt")
-    g.add_argument("--model", default=None, help="HF checkpoint folder (default: shipped tiny)")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -58,19 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--dtype", default="auto")
-    g.add_argument("--device", default="cpu")
-    g.add_argument("--no-kv-cache", action="store_true", help="recompute every step (Day 4)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    from . import serve
+    from .config import EngineConfig
+    from .entrypoints.openai import serve
 
-    serve.add_arguments(sub.add_parser("serve", help="the OpenAI-compatible HTTP server"))
+    EngineConfig.add_cli_args(g)  # --model, --dtype, --no-kv-cache, ...: the engine's options
+
+    serve.add_arguments(sub.add_parser("serve", help="the OpenAI-compatible HTTP server",
+                                       allow_abbrev=False))
     b = sub.add_parser("bench", help="benchmarks and harnesses")
     bsub = b.add_subparsers(dest="bench", required=True)
-    from .bench import batchbench, graphbench, offline, sched, soak, stress
+    from .bench import batchbench, graphbench, offline, schedbench, soak, stress
     from .bench import serve as serve_bench
 
-    sched.add_arguments(bsub.add_parser("sched", help="the scheduler without a model"))
+    schedbench.add_arguments(bsub.add_parser("sched", help="the scheduler without a model"))
     batchbench.add_arguments(bsub.add_parser("batch", help="the engine on a seeded workload"))
     stress.add_arguments(bsub.add_parser("stress", help="cramped vs roomy, with aborts"))
     graphbench.add_arguments(bsub.add_parser("graph", help="decode steps a graph can replay, "
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return serve.main(args)
     if args.command == "bench":
-        return {"sched": sched, "batch": batchbench, "stress": stress, "graph": graphbench,
+        return {"sched": schedbench, "batch": batchbench, "stress": stress, "graph": graphbench,
                 "serve": serve_bench, "soak": soak, "offline": offline}[args.bench].main(args)
     return _generate(args)
 

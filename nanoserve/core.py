@@ -7,7 +7,8 @@ engine gets a life of its own: ``EngineCore`` owns the ``Engine`` and one ``Sche
 long as it lives, and it is driven from outside, one iteration per ``step()``:
 
 - ``add_request(request_id, prompt_token_ids, params)`` checks a request and queues it; a bad
-  request is a ``ValueError`` and changes nothing; a live duplicate id is a ``ValueError`` too.
+  request is an ``InvalidRequest`` (a ``ValueError`` naming the field) and changes nothing; a
+  live duplicate id is one too.
 - ``abort_request(request_id)`` finishes it now: its blocks and slot go back at once, and the next
   ``step()`` reports it with ``finish_reason="abort"``.
 - ``step()`` runs one scheduler iteration and one engine step, and returns a ``RequestDelta`` for
@@ -23,15 +24,31 @@ hand out characters that a stop string may later claim: while a request with sto
 the last ``len(longest stop) - 1`` characters are held back, as vLLM does, and released when the
 request finishes. The concatenated deltas therefore always equal the final text.
 
->>> # core = EngineCore(engine, tokenizer, eos_ids, max_model_len, vocab_size, max_num_seqs=4)
->>> # core.add_request("a", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0))
->>> # core.step()  ->  [RequestDelta(request_id='a', new_token_ids=[17], ..., finished=False)]
+``EngineCore.from_config(EngineConfig(...))`` loads a checkpoint and builds the core over it.
+What the server and the metrics read about it is one ``snapshot()``: a frozen ``CoreSnapshot`` of
+the requests running and waiting, the pool, the counters and how decode steps ran, so nothing
+above the core reaches into the engine, the scheduler or the allocator.
+
+>>> from nanoserve.config import EngineConfig
+>>> core = EngineCore.from_config(EngineConfig(dtype="float32", max_num_seqs=2, block_size=4))
+>>> r = core.add_request("a", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0))
+>>> [(d.request_id, len(d.new_token_ids), d.finished) for d in core.step()]  # the prefill
+[('a', 1, False)]
+>>> core.snapshot().num_running, core.snapshot().num_free_blocks < core.snapshot().num_blocks
+(1, True)
+>>> while core.has_unfinished():
+...     _ = core.step()
+>>> snap = core.snapshot()
+>>> snap.num_running, snap.num_free_blocks == snap.num_blocks, snap.requests_finished
+(0, True, 1)
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,6 +57,11 @@ from .request import Request, RequestMetrics, RequestState
 from .sampling import SamplingParams
 from .scheduler import Scheduler, door_check
 from .tokenizer import IncrementalDetokenizer, Tokenizer
+from .validation import InvalidRequest, check_prompt_ids
+
+if TYPE_CHECKING:
+    from .config import EngineConfig
+    from .loader import LoadedEngine
 
 
 @dataclass(slots=True)
@@ -80,7 +102,35 @@ class CoreCounters:
     by_reason: dict = field(default_factory=dict)  # finish_reason -> count
 
 
+@dataclass(frozen=True, slots=True)
+class CoreSnapshot:
+    """What the core holds and has done, read at one moment; a copy, never a handle."""
+
+    num_running: int
+    num_waiting: int
+    num_blocks: int
+    num_free_blocks: int
+    block_size: int
+    num_preemptions: int
+    iterations: int
+    requests_added: int
+    requests_finished: int
+    requests_failed: int
+    by_reason: MappingProxyType  # finish_reason -> count
+    decode_steps: int
+    decode_steps_replayed: int  # ... that replayed a recorded window (Day 57)
+    decode_steps_scattered: int  # ... that ran the eager forward
+    decode_windows: str | None  # "cuda graphs over buckets [...]" or None
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of the pool's blocks held by requests, 0 to 1 (vLLM's kv_cache_usage)."""
+        return 1 - self.num_free_blocks / self.num_blocks
+
+
 class EngineCore:
+    loaded: LoadedEngine | None = None  # set by from_config: the model, tokenizer, dtype, ...
+
     def __init__(self, engine: Engine, tokenizer: Tokenizer | None,
                  eos_token_ids: frozenset[int], max_model_len: int, vocab_size: int,
                  max_num_seqs: int, allocation: str = "incremental",
@@ -97,6 +147,18 @@ class EngineCore:
         self.driver: str | None = None  # who steps this core; a second driver is refused
         self.counters = CoreCounters()
 
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> EngineCore:
+        """Load what ``config`` names and build the core over it (``loader.load_engine``)."""
+        from .loader import load_engine
+
+        loaded = load_engine(config)
+        core = cls(loaded.engine, loaded.tokenizer, loaded.eos_token_ids, loaded.max_model_len,
+                   loaded.model_config.vocab_size, config.max_num_seqs, config.allocation,
+                   compact_rows=config.persistent_batch)
+        core.loaded = loaded
+        return core
+
     # ------------------------------------------------------------------ requests in
 
     def make_request(self, request_id: str, prompt_token_ids: list[int],
@@ -105,19 +167,13 @@ class EngineCore:
         before any of it starts. ``who`` names the request in error messages."""
         who = who or f"request {request_id!r}"
         if not isinstance(request_id, str):
-            raise ValueError(f"{who}: request ids are strings, got {type(request_id).__name__}")
+            raise InvalidRequest(f"{who}: request ids are strings, got "
+                                 f"{type(request_id).__name__}", "request_id", request_id)
         if request_id in self.requests:
-            raise ValueError(f"{who}: request id {request_id!r} is already live")
+            raise InvalidRequest(f"{who}: request id {request_id!r} is already live",
+                                 "request_id", request_id)
         ids = [int(t) for t in prompt_token_ids]
-        if not ids:
-            raise ValueError(f"{who} is empty")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"{who}: token id {bad[0]} is outside the vocabulary "
-                             f"(vocab_size={self.vocab_size})")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"{who} has {len(ids)} tokens; max_model_len is "
-                             f"{self.max_model_len} and generation needs one free position")
+        check_prompt_ids(ids, self.vocab_size, self.max_model_len, "prompt", who)
         params.check_vocab(self.vocab_size)
         budget = self.max_model_len - len(ids)
         if params.max_tokens is not None:
@@ -136,7 +192,8 @@ class EngineCore:
     def add(self, request: Request) -> None:
         """Queue a request built by ``make_request``."""
         if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already live")
+            raise InvalidRequest(f"request id {request.request_id!r} is already live",
+                                 "request_id", request.request_id)
         self.scheduler.add(request)
         hold = max((len(s) for s in request.stop), default=1) - 1
         self.requests[request.request_id] = _Tracked(request, hold_back=hold)
@@ -249,6 +306,17 @@ class EngineCore:
         """Fraction of the pool's blocks held by requests, 0 to 1 (vLLM's kv_cache_usage)."""
         pool = self.engine.allocator
         return 1 - pool.num_free / pool.num_blocks
+
+    def snapshot(self) -> CoreSnapshot:
+        pool, sched, e = self.engine.allocator, self.scheduler, self.engine
+        rc, graphs = e.replay_counters, e.graphs
+        c = self.counters
+        windows = None if graphs is None else f"{graphs.mode} over buckets {graphs.sizes}"
+        return CoreSnapshot(self.num_running, self.num_waiting, pool.num_blocks, pool.num_free,
+                            pool.block_size, sched.preemptions, c.iterations, c.requests_added,
+                            c.requests_finished, c.requests_failed,
+                            MappingProxyType(dict(c.by_reason)), rc.decode_steps, rc.replayed,
+                            rc.scattered, windows)
 
     def check_drained(self) -> None:
         """After a drain every block is back in the pool and every slot is free."""

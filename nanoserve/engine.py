@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from .block_allocator import BlockAllocator
+from .config import PREFILL_POLICIES
 from .graphs import DecodeGraphs, ReplayCounters
 from .paged import BatchedPagedKVCache
 from .request import Request
@@ -42,7 +43,6 @@ class InjectedFault(RuntimeError):
     """Raised by ``Engine.step`` on a step named in ``fail_on_step`` (tests only)."""
 
 
-PREFILL_POLICIES = ("packed", "padded")
 
 
 class Engine:

@@ -19,20 +19,20 @@ each output's ``metrics`` and ``finish_iteration`` record what each way costs.
 
 Since Day 36 the continuous path runs over the long-lived ``EngineCore`` (``core.py``): one
 scheduler for the LLM's whole life, and ``generate`` adds its requests and steps the core until it
-is drained, then asserts that every block and slot is back. The async engine and the server drive
-the same core.
+is drained, then asserts that every block and slot is back. ``AsyncLLM`` is this class's sibling
+over its own core; both take the options of ``EngineConfig`` (``config/engine.py``), which holds
+every default and every check.
 
-How a step is computed is chosen too (issue 12), each fast path beside the plain one it
-replaces: ``prefill="packed"`` (default) or ``"padded"`` (Day 27); ``attention="gathered"``
-(default, Day 50) or ``"reference"`` (Day 28's rectangle); ``compile=True`` for a decode
-forward through ``torch.compile`` (Day 49; off by default, its warm-up in
-``engine.compiled.warmup_s``, its graphs counted in ``engine.compiled.compiles``). ``dtype="auto"``
-on a CPU is bfloat16 where the processor multiplies bf16 natively (AMX or AVX512-BF16) and
-float32 elsewhere; ``llm.dtype`` and ``llm.dtype_reason`` say which, and so does a log line.
-Logits reach the sampler in float32 either way. ``prepack="auto"`` reorders every linear weight
-once, at load, into oneDNN's blocked layout when the model is bf16 on a CPU (bit-identical to
-``F.linear`` there, and faster at decode sizes); ``llm.prepacked`` and ``llm.prepack_reason``
-say what was chosen (``prepack.py``).
+How a step is computed is chosen too, each fast path beside the plain one it replaces:
+``prefill="packed"`` (default) or ``"padded"`` (Day 27); ``attention="gathered"`` (default, Day 50)
+or ``"reference"`` (Day 28's rectangle); ``compile=True`` for a decode forward through
+``torch.compile`` (Day 49; off by default, its warm-up in ``engine.compiled.warmup_s``, its graphs
+counted in ``engine.compiled.compiles``). ``dtype="auto"`` on a CPU is bfloat16 where the processor
+multiplies bf16 natively (AMX or AVX512-BF16) and float32 elsewhere; ``llm.dtype`` and
+``llm.dtype_reason`` say which, and so does a log line. Logits reach the sampler in float32 either
+way. ``prepack="auto"`` reorders every linear weight once, at load, into oneDNN's blocked layout
+when the model is bf16 on a CPU (bit-identical to ``F.linear`` there, and faster at decode sizes);
+``llm.prepacked`` and ``llm.prepack_reason`` say what was chosen (``prepack.py``).
 
 A reply ends by the first rule that fires, checked in this order after every token: an EOS id
 (unless ``ignore_eos``), a ``stop_token_ids`` id, a ``stop`` string (the text is cut before it),
@@ -41,7 +41,6 @@ all "stop"; then the ``max_tokens`` budget, then the end of the context, both "l
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -49,30 +48,13 @@ from pathlib import Path
 
 import torch
 
-from .config import ModelConfig
+from .config import DEFAULT_MODEL, EngineConfig
 from .core import EngineCore
-from .engine import Engine
-from .prepack import prepack_model
-from .prepack import resolve as resolve_prepack
 from .request import Request, RequestMetrics, RequestState
 from .sampling import SamplingParams, sample_requests
-from .scheduler import ALLOCATION_POLICIES
-from .tokenizer import Tokenizer
-from .weights import cpu_native_bf16, load_model
+from .validation import InvalidRequest
 
-log = logging.getLogger("nanoserve")
-DEFAULT_MODEL = Path(__file__).resolve().parent / "checkpoints" / "nanoserve-tiny"
-DEFAULT_KV_BYTES = 1 << 30  # without num_kv_blocks, the pool is at most 1 GiB
-
-
-def _dtype_reason(asked, got: torch.dtype, device: torch.device) -> str:
-    if asked != "auto":
-        return "as asked"
-    if device.type != "cpu":
-        return "the checkpoint's dtype"
-    flag = cpu_native_bf16()
-    return (f"this CPU multiplies bf16 natively ({flag})" if flag else
-            "no native bf16 matmul on this CPU (no amx_bf16 / avx512_bf16 flag)")
+__all__ = ["DEFAULT_MODEL", "LLM", "RequestOutput", "Stats"]
 
 
 @dataclass(slots=True)
@@ -122,71 +104,31 @@ class Stats:
 
 
 class LLM:
-    def __init__(self, model: str | Path | None = None, dtype: str | torch.dtype = "auto",
-                 device: str = "cpu", max_model_len: int | None = None,
-                 enable_kv_cache: bool = True, skip_tokenizer_init: bool = False,
-                 block_size: int = 16, num_kv_blocks: int | None = None,
-                 max_num_seqs: int = 8, batching: str = "continuous",
-                 allocation: str = "incremental", fail_on_step: tuple[int, ...] = (),
-                 cuda_graphs: bool = False, compact_rows: bool | None = None,
-                 prefill: str = "packed", attention: str = "gathered",
-                 compile: bool | str = False, prepack: bool | str = "auto"):
-        model_dir = Path(model) if model is not None else DEFAULT_MODEL
-        if not model_dir.is_dir():
-            raise ValueError(f"model folder {model_dir} does not exist")
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} but CUDA is not available on this machine")
-        for name, value in (("block_size", block_size), ("max_num_seqs", max_num_seqs)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if batching not in ("continuous", "static"):
-            raise ValueError(f"batching={batching!r}; choose 'continuous' or 'static'")
-        if allocation not in ALLOCATION_POLICIES:
-            raise ValueError(f"allocation={allocation!r}; choose one of {ALLOCATION_POLICIES}")
-        self.batching, self.max_num_seqs, self.allocation = batching, max_num_seqs, allocation
-        # Day 57: decode through recorded windows; CUDA graphs on a card, eager replay of the
-        # same windows without one (so it never raises on a CPU).
-        self.cuda_graphs = bool(cuda_graphs)
-        # The persistent batch (Day 58) follows the graphs unless told otherwise: a capture can
-        # only replay steps whose rows are 0..n-1, and compaction is what keeps them there.
-        self.compact_rows = self.cuda_graphs if compact_rows is None else bool(compact_rows)
-        if num_kv_blocks is not None and num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
-        self.config = cfg = ModelConfig.from_dir(model_dir)
-        limit = cfg.max_position_embeddings
-        if max_model_len is not None and not 1 < max_model_len <= limit:
-            raise ValueError(f"max_model_len must be in [2, {limit}] "
-                             f"(max_position_embeddings), got {max_model_len}")
-        self.max_model_len = max_model_len or limit
-        self.tokenizer = None if skip_tokenizer_init else Tokenizer.from_dir(model_dir)
-        self.model = load_model(model_dir, dtype, device)
-        self.device = torch.device(device)
-        self.dtype = self.model.embed_tokens.weight.dtype  # what "auto" chose, said below
-        self.dtype_reason = _dtype_reason(dtype, self.dtype, self.device)
-        log.info("dtype=%s: %s (%s)", dtype, str(self.dtype).removeprefix("torch."),
-                 self.dtype_reason)
-        # Pre-packed oneDNN weights (prepack.py): bf16 on a CPU unless told otherwise.
-        self.prepacked, self.prepack_reason = resolve_prepack(prepack, self.device, self.dtype,
-                                                              compile)
-        if self.prepacked:
-            prepack_model(self.model)
-        log.info("prepack=%s: %s (%s)", prepack, "packed" if self.prepacked else "plain",
-                 self.prepack_reason)
-        eos = self.tokenizer.eos_token_ids if self.tokenizer else ()
-        self.eos_token_ids = frozenset(eos or cfg.eos_token_ids)
-        self.enable_kv_cache = enable_kv_cache
-        if num_kv_blocks is None:
-            per_block = 2 * cfg.num_hidden_layers * cfg.kv_size * block_size * \
-                self.model.embed_tokens.weight.element_size()
-            full = max_num_seqs * -(-self.max_model_len // block_size)
-            num_kv_blocks = max(1, min(full, DEFAULT_KV_BYTES // per_block))
-        self.engine = Engine(self.model, num_kv_blocks, block_size, max_num_seqs,
-                             self.max_model_len, fail_on_step=frozenset(fail_on_step),
-                             prefill=prefill, attention=attention, compile=compile,
-                             cuda_graphs=self.cuda_graphs)
-        self.core = EngineCore(self.engine, self.tokenizer, self.eos_token_ids,
-                               self.max_model_len, cfg.vocab_size, max_num_seqs, allocation,
-                               compact_rows=self.compact_rows)
+    """The offline front door. ``LLM(model, **options)`` takes ``EngineConfig``'s field names
+    (an unknown one is refused by name); ``LLM.from_config(config)`` takes a config whole."""
+
+    def __init__(self, model: str | Path | None = None, **options):
+        self._build(EngineConfig.from_options(model, **options))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm._build(config)
+        return llm
+
+    def _build(self, config: EngineConfig) -> None:
+        self.engine_config = config
+        self.core = EngineCore.from_config(config)
+        loaded = self.core.loaded
+        self.config = loaded.model_config  # the checkpoint's shapes (ModelConfig)
+        self.tokenizer, self.model, self.engine = loaded.tokenizer, loaded.model, loaded.engine
+        self.device, self.dtype, self.dtype_reason = loaded.device, loaded.dtype, \
+            loaded.dtype_reason
+        self.prepacked, self.prepack_reason = loaded.prepacked, loaded.prepack_reason
+        self.eos_token_ids, self.max_model_len = loaded.eos_token_ids, loaded.max_model_len
+        self.batching, self.allocation = config.batching, config.allocation
+        self.max_num_seqs, self.enable_kv_cache = config.max_num_seqs, config.enable_kv_cache
+        self.cuda_graphs, self.compact_rows = config.cuda_graphs, config.persistent_batch
         self.stats = Stats()
 
     # ---------------------------------------------------------------- input checks
@@ -194,10 +136,10 @@ class LLM:
     def _prompt_ids(self, i: int, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError(f"prompt {i} is empty")
+                raise InvalidRequest(f"prompt {i} is empty", "prompt")
             if self.tokenizer is None:
-                raise ValueError("text prompts need a tokenizer; this LLM was built with "
-                                 "skip_tokenizer_init=True, so pass token ids")
+                raise InvalidRequest("text prompts need a tokenizer; this LLM was built with "
+                                     "skip_tokenizer_init=True, so pass token ids", "prompt")
             return prompt, self.tokenizer.encode(prompt)
         return None, [int(t) for t in prompt]
 

@@ -33,9 +33,8 @@ from .attention import (
     paged_attention_batched_reference,
     paged_attention_gathered,
 )
+from .config import ATTENTION_PATHS
 from .gathered import GatheredIndex
-
-ATTENTION_PATHS = ("reference", "gathered", "triton")
 
 
 class BlockTable:
@@ -127,7 +126,7 @@ class BatchedPagedKVCache:
                  attention: str = "reference"):
         if attention not in ATTENTION_PATHS:
             raise ValueError(f"attention={attention!r}; choose one of {ATTENTION_PATHS}")
-        if attention == "triton":  # now, before anything else imports triton (the interpreter)
+        if attention == "triton":  # import now: a missing Triton mode fails here, not mid-step
             from . import kernels  # noqa: F401
         self.attention = attention  # the decode read: Day 28's rectangle or Day 50's mapping
         self.gathered = GatheredIndex(max_num_seqs, device=device)

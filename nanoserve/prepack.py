@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-PREPACK_CHOICES = ("auto", True, False)
+from .config import PREPACK_CHOICES
+
 DECODE_ROWS_HINT = 8  # oneDNN picks its blocking for this many rows; any count runs
 
 

@@ -30,8 +30,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from .sampling import TokenLogprob
     from .tokenizer import IncrementalDetokenizer
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One sampled token's logprob (from the raw logits), its rank (1 = the most likely; ties
+    count against it, as in vLLM) and the top ``logprobs`` (token id, logprob), descending."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
 
 
 class RequestState(enum.Enum):

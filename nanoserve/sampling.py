@@ -1,9 +1,9 @@
 """SamplingParams (vLLM's names, defaults and meaning) and the sampler that applies them.
 
 Why this module exists: every request carries its own decoding rules, and a batch mixes greedy
-rows with sampled ones. The parameters are validated once, at the door, so a bad value is a
-``ValueError`` naming the field rather than a NaN three layers down. The sampler then turns one
-row of logits per request into one token id per request.
+rows with sampled ones. The parameters are validated once, at the door, so a bad value is an
+``InvalidRequest`` (a ``ValueError`` that carries the field as ``param``) rather than a NaN three
+layers down. The sampler then turns one row of logits per request into one token id per request.
 
 The order of operations follows vLLM. Logprobs are read off the raw model logits first (vLLM's
 default "raw_logprobs"). Then the penalties edit the raw logits: ``repetition_penalty`` for every
@@ -35,6 +35,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .request import TokenLogprob
+from .validation import InvalidRequest
+
 if TYPE_CHECKING:
     from .request import Request
 
@@ -46,14 +49,14 @@ MAX_LOGPROBS = 20  # the most top alternatives a request may ask for (OpenAI's l
 def _check_float(name: str, value: float, lo: float, hi: float, interval: str) -> None:
     """Refuse non-numbers, NaN and infinities, then anything outside ``[lo, hi]``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a float, got {value!r}")
+        raise InvalidRequest(f"{name} must be a float, got {value!r}", name, value)
     if not (math.isfinite(value) and lo <= value <= hi):
-        raise ValueError(f"{name} must be in {interval}, got {value}")
+        raise InvalidRequest(f"{name} must be in {interval}, got {value}", name, value)
 
 
 def _check_int(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
+        raise InvalidRequest(f"{name} must be an int, got {value!r}", name, value)
 
 
 @dataclass(slots=True)
@@ -76,38 +79,43 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:  # also catches NaN
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise InvalidRequest(f"temperature must be >= 0 (0 = greedy), got {self.temperature}",
+                                 "temperature", self.temperature)
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}", "top_p", self.top_p)
         if not -1 <= self.top_k <= INT32_MAX:  # larger than any vocabulary; and it must fit
-            raise ValueError(f"top_k must be -1, 0 (off) or in [1, {INT32_MAX}], "
-                             f"got {self.top_k}")
+            raise InvalidRequest(f"top_k must be -1, 0 (off) or in [1, {INT32_MAX}], "
+                                 f"got {self.top_k}", "top_k", self.top_k)
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
-            raise ValueError(f"seed must be a 64-bit integer, got {self.seed}")
+            raise InvalidRequest(f"seed must be a 64-bit integer, got {self.seed}", "seed",
+                                 self.seed)
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens",
+                                 self.max_tokens)
         _check_float("min_p", self.min_p, 0.0, 1.0, "[0, 1]")
         _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0, "[-2, 2]")
         _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "[-2, 2]")
         _check_float("repetition_penalty", self.repetition_penalty, 0.0, math.inf, "(0, inf)")
         if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise InvalidRequest(f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+                                 "repetition_penalty", self.repetition_penalty)
         _check_int("min_tokens", self.min_tokens)
         if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+            raise InvalidRequest(f"min_tokens must be >= 0, got {self.min_tokens}", "min_tokens",
+                                 self.min_tokens)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, "
-                             f"got {self.min_tokens}")
+            raise InvalidRequest(f"min_tokens must be <= max_tokens={self.max_tokens}, "
+                                 f"got {self.min_tokens}", "min_tokens", self.min_tokens)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs)
             if not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be None or in [0, {MAX_LOGPROBS}], "
-                                 f"got {self.logprobs}")
+                raise InvalidRequest(f"logprobs must be None or in [0, {MAX_LOGPROBS}], "
+                                     f"got {self.logprobs}", "logprobs", self.logprobs)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+            raise InvalidRequest("stop strings must be non-empty", "stop")
         self.stop_token_ids = list(self.stop_token_ids or [])
 
     @property
@@ -123,8 +131,8 @@ class SamplingParams:
     def check_vocab(self, vocab_size: int) -> None:
         for t in self.stop_token_ids:
             if not 0 <= t < vocab_size:
-                raise ValueError(f"stop_token_ids: token id {t} is outside the vocabulary "
-                                 f"(vocab_size={vocab_size})")
+                raise InvalidRequest(f"stop_token_ids: token id {t} is outside the vocabulary "
+                                     f"(vocab_size={vocab_size})", "stop_token_ids", t)
 
     def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
         """A per-request generator, so a seeded request draws the same tokens in any batch."""
@@ -134,17 +142,6 @@ class SamplingParams:
         seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(8)) >> 1
         g.manual_seed(seed)  # never touches the global RNG
         return g
-
-
-@dataclass(slots=True)
-class TokenLogprob:
-    """One sampled token's logprob (from the raw logits), its rank (1 = the most likely; ties
-    count against it, as in vLLM) and the top ``logprobs`` (token id, logprob), descending."""
-
-    token_id: int
-    logprob: float
-    rank: int
-    top: list[tuple[int, float]]
 
 
 def top_k_mask(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 
 from .block_allocator import BlockAllocator
 from .compact import RowCompactor, RowMove
+from .config import ALLOCATION_POLICIES
 from .request import Request, RequestState
-
-ALLOCATION_POLICIES = ("reserve", "incremental")
+from .validation import InvalidRequest
 
 
 @dataclass(slots=True)
@@ -72,10 +72,11 @@ def door_check(allocator: BlockAllocator, request: Request, who: str) -> None:
     request left alone in the pool always fits."""
     need = allocator.blocks_for_length(request.worst_case_tokens)
     if need > allocator.num_blocks:
-        raise ValueError(
+        raise InvalidRequest(
             f"{who}: prompt + max_tokens = {request.worst_case_tokens} tokens need {need} KV "
             f"blocks; the pool has {allocator.num_blocks} of {allocator.block_size} tokens, so "
-            f"it could never run (raise num_kv_blocks or lower max_tokens)")
+            f"it could never run (raise num_kv_blocks or lower max_tokens)", "max_tokens",
+            request.worst_case_tokens)
 
 
 class Scheduler:

@@ -17,8 +17,8 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def engine():
-    e = AsyncLLM(LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64,
-                     max_num_seqs=4))
+    e = AsyncLLM.from_options(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64,
+                     max_num_seqs=4)
     e.start()
     yield e
     e.stop()
@@ -33,8 +33,8 @@ async def collect(engine, ids, params, rid):
 
 
 def pool_full(engine) -> bool:
-    pool = engine.llm.engine.allocator
-    return pool.num_free == pool.num_blocks
+    snap = engine.snapshot()
+    return snap.num_free_blocks == snap.num_blocks
 
 
 def wait_for(cond, timeout=10.0) -> bool:
@@ -51,7 +51,7 @@ def test_concurrent_streams_equal_generate(engine):
     params = [SamplingParams(max_tokens=4 + 3 * i, **GREEDY) for i in range(len(prompts))]
     want = LLM(SHIPPED, dtype="float32", block_size=4, max_num_seqs=4).generate(prompts, params)
     with pytest.raises(RuntimeError, match="driven by an AsyncLLM"):
-        engine.llm.generate(prompts, params)  # one driver per core
+        engine.core.run_to_completion()  # one driver per core: LLM.generate steps this way
 
     async def main():
         pairs = enumerate(zip(prompts, params, strict=True))
@@ -103,8 +103,8 @@ def test_the_thread_sleeps_while_idle(engine):
 
 
 def test_max_waiting_refuses_at_the_door():
-    e = AsyncLLM(LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64,
-                     max_num_seqs=1), max_waiting=1)
+    e = AsyncLLM.from_options(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64,
+                     max_num_seqs=1, max_waiting=1)
     long, short = (SamplingParams(max_tokens=m, **GREEDY) for m in (60, 3))
 
     async def main():
@@ -133,7 +133,8 @@ def test_max_waiting_refuses_at_the_door():
 
 
 def test_a_dead_engine_thread_fails_streams_and_new_requests(monkeypatch):
-    e = AsyncLLM(LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=2))
+    e = AsyncLLM.from_options(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64,
+                              max_num_seqs=2)
 
     def broken():
         raise RuntimeError("core bug")
@@ -151,7 +152,8 @@ def test_a_dead_engine_thread_fails_streams_and_new_requests(monkeypatch):
 
 
 def test_shutdown_lets_in_flight_finish_then_refuses():
-    e = AsyncLLM(LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=2))
+    e = AsyncLLM.from_options(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64,
+                              max_num_seqs=2)
     e.start()
 
     async def main():

@@ -99,7 +99,7 @@ def test_package_async_engine_streams_equal_day37_snapshot(snap_model):
         return joined(await asyncio.gather(*(one(i, *w) for i, w in enumerate(WORKLOAD))))
 
     llm = package()
-    live = AsyncLLM(llm)
+    live = AsyncLLM(llm.core)
     snap = AsyncEngine(snapshot(snap_model, llm.tokenizer)).start()
     try:
         a = asyncio.run(asyncio.wait_for(streams(

@@ -1,0 +1,25 @@
+"""The two configurations: what the checkpoint is, and how the engine runs it.
+
+Why this package exists: every shape comes from the checkpoint's ``config.json``
+(``ModelConfig``, ``model.py``), and every engine option comes from one frozen dataclass
+(``EngineConfig``, ``engine.py``) that ``LLM``, ``AsyncLLM``, ``nanoserve serve`` and the
+benchmarks all build from. Nothing else lists an option, its default or its limit.
+"""
+
+from __future__ import annotations
+
+from .engine import (
+    ALLOCATION_POLICIES,
+    ATTENTION_PATHS,
+    BATCHING_POLICIES,
+    DEFAULT_MODEL,
+    PREFILL_POLICIES,
+    PREPACK_CHOICES,
+    ConfigError,
+    EngineConfig,
+)
+from .model import ModelConfig, _as_id_tuple
+
+__all__ = ["ALLOCATION_POLICIES", "ATTENTION_PATHS", "BATCHING_POLICIES", "DEFAULT_MODEL",
+           "PREFILL_POLICIES", "PREPACK_CHOICES", "ConfigError", "EngineConfig", "ModelConfig",
+           "_as_id_tuple"]

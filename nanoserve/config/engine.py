@@ -1,0 +1,244 @@
+"""``EngineConfig``: every engine option, once, with its default, its flag and its limit.
+
+Why this module exists: an option used to live in five places (``LLM.__init__``'s signature and
+checks, the server's flags, two bundling helpers, and a benchmark that read the signature to learn
+what it could pass). Here each option is one field. Its metadata holds the help text, the CLI flag
+(vLLM's spelling where vLLM has the option; where ours differs, vLLM's is accepted as an alias)
+and the choices; ``validate`` holds every check, each a ``ConfigError`` that names the field and
+the limit. ``LLM(model, **options)``, ``AsyncLLM``, ``nanoserve serve`` and the benchmarks build
+from it, so adding an option is one field here plus the code that uses it.
+
+>>> cfg = EngineConfig(max_num_seqs=4, cuda_graphs=True)
+>>> cfg.max_num_seqs, cfg.persistent_batch   # an unset persistent batch follows the graphs
+(4, True)
+>>> EngineConfig.from_options(max_num_seq=4)
+Traceback (most recent call last):
+ValueError: unknown engine option 'max_num_seq' (did you mean 'max_num_seqs'?)
+>>> EngineConfig(block_size=0)
+Traceback (most recent call last):
+nanoserve.config.engine.ConfigError: block_size must be >= 1, got 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "checkpoints" / "nanoserve-tiny"
+
+# The choices, as data: the modules that implement them import these.
+BATCHING_POLICIES = ("continuous", "static")
+ALLOCATION_POLICIES = ("reserve", "incremental")
+PREFILL_POLICIES = ("packed", "padded")
+ATTENTION_PATHS = ("reference", "gathered", "triton")
+PREPACK_CHOICES = ("auto", True, False)
+DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "float", "bf16", "fp16", "half")
+
+
+class ConfigError(ValueError):
+    """A bad engine option: ``field`` is its name, so a CLI can name its flag instead."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(message)
+        self.field = field_name
+
+
+def _tristate(text: str) -> bool | str:
+    """``auto``, ``true``/``on`` or ``false``/``off``, as ``prepack`` takes them."""
+    low = text.strip().lower()
+    if low in ("true", "on", "1", "yes"):
+        return True
+    if low in ("false", "off", "0", "no"):
+        return False
+    if low == "auto":
+        return "auto"
+    raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}")
+
+
+def option(default, help: str, *, flag: str | None = None, aliases: tuple[str, ...] = (),
+           vllm: str | None = None, choices=None, cli: dict | None = None):
+    """A field with everything a front door needs to know about it. ``vllm`` is vLLM's name
+    for the option (``None``: vLLM has none); ``cli`` holds extra argparse keywords."""
+    meta = {"help": help, "flag": flag, "aliases": aliases, "vllm": vllm, "choices": choices,
+            "cli": cli or {}}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    # What to load, and where.
+    model: Path = option(DEFAULT_MODEL, "HF checkpoint folder: config.json, safetensors, "
+                         "tokenizer.json (default: the shipped nanoserve-tiny)", vllm="model",
+                         cli={"type": Path})
+    dtype: str = option("auto", "weights and cache dtype; auto: bf16 where the CPU multiplies "
+                        "it natively, else float32 (a card: the checkpoint's)",
+                        vllm="dtype", choices=DTYPES)
+    device: str = option("cpu", "cpu, cuda or cuda:N", vllm="device")
+    max_model_len: int | None = option(None, "the longest sequence, prompt plus output "
+                                       "(default: the model's max_position_embeddings)",
+                                       vllm="max_model_len", cli={"type": int})
+    skip_tokenizer_init: bool = option(False, "load no tokenizer: prompts must be token ids, "
+                                       "no chat", vllm="skip_tokenizer_init")
+    # The cache and the batch.
+    enable_kv_cache: bool = option(True, "keep a KV cache; off recomputes the whole sequence "
+                                   "for every token (Day 4)", flag="--kv-cache")
+    block_size: int = option(16, "tokens per KV block", vllm="block_size", cli={"type": int})
+    num_kv_blocks: int | None = option(None, "KV blocks in the pool (default: enough for "
+                                       "max_num_seqs full sequences, at most 1 GiB)",
+                                       aliases=("--num-gpu-blocks-override",),
+                                       vllm="num_gpu_blocks_override", cli={"type": int})
+    max_num_seqs: int = option(8, "requests in the running batch at once", vllm="max_num_seqs",
+                               cli={"type": int})
+    batching: str = option("continuous", "continuous (Day 31) or static waves (Day 29)",
+                           choices=BATCHING_POLICIES)
+    allocation: str = option("incremental", "incremental: blocks a step at a time, preempting "
+                             "by recompute (Day 33); reserve: the worst case up front",
+                             choices=ALLOCATION_POLICIES)
+    # How a step is computed: each fast path beside the plain one it replaces.
+    prefill: str = option("packed", "packed: the prompts as one stream; padded: Day 27's "
+                          "rectangle", choices=PREFILL_POLICIES)
+    attention: str = option("gathered", "the decode read: Day 28's rectangle, Day 50's gathered "
+                            "mapping or the Triton kernel", choices=ATTENTION_PATHS)
+    compile: bool | str = option(False, "decode through torch.compile (Day 49); the API also "
+                                 "takes a backend name")
+    cuda_graphs: bool = option(False, "decode through recorded windows (Day 57); eager replay "
+                               "without CUDA; turns on the persistent batch unless "
+                               "--no-persistent-batch")
+    compact_rows: bool | None = option(None, "compact running rows to 0..n-1 (Day 58); unset: "
+                                       "follows --cuda-graphs", flag="--persistent-batch")
+    prepack: bool | str = option("auto", "oneDNN-packed linear weights: auto packs bf16 on a "
+                                 "CPU", choices=PREPACK_CHOICES,
+                                 cli={"type": _tristate, "metavar": "{auto,on,off}"})
+    # Fault injection, for the tests of what a failed forward costs.
+    fail_on_step: tuple[int, ...] = option((), "make the forward raise at these engine steps "
+                                           "(fault injection)",
+                                           cli={"type": int, "nargs": "*"})
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normal forms only, never a repaired value
+        set_(self, "model", DEFAULT_MODEL if self.model is None else Path(self.model))
+        set_(self, "fail_on_step", tuple(self.fail_on_step))
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+
+    def validate(self) -> None:
+        """Every check an option has, in one place. Needs no checkpoint; the one check that
+        does (``max_model_len`` against the model) is ``resolve_max_model_len``."""
+        if not self.model.is_dir():
+            raise ConfigError("model", f"model folder {self.model} does not exist")
+        import torch
+
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError("device", f"device={self.device!r} is not a device ({e})") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device", f"device={self.device!r} but CUDA is not available on "
+                                        f"this machine")
+        if isinstance(self.dtype, str) and self.dtype not in DTYPES:
+            raise ConfigError("dtype", f"dtype={self.dtype!r}; choose one of {DTYPES}")
+        for name in ("block_size", "max_num_seqs", "num_kv_blocks"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(name, f"{name} must be an int, got {value!r}")
+            if value < 1:
+                raise ConfigError(name, f"{name} must be >= 1, got {value}")
+        if self.max_model_len is not None and (isinstance(self.max_model_len, bool)
+                                               or not isinstance(self.max_model_len, int)
+                                               or self.max_model_len < 2):
+            raise ConfigError("max_model_len", f"max_model_len must be an int >= 2, got "
+                                               f"{self.max_model_len!r}")
+        for f in fields(self):
+            choices = f.metadata["choices"]
+            if choices is not None and f.name != "dtype" and getattr(self, f.name) not in choices:
+                raise ConfigError(f.name, f"{f.name}={getattr(self, f.name)!r}; choose one of "
+                                          f"{choices}")
+        if not isinstance(self.compile, (bool, str)) or self.compile == "":
+            raise ConfigError("compile", f"compile must be a bool or a backend name, got "
+                                         f"{self.compile!r}")
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+               for s in self.fail_on_step):
+            raise ConfigError("fail_on_step", f"fail_on_step holds step numbers >= 1, got "
+                                              f"{self.fail_on_step!r}")
+
+    def resolve_max_model_len(self, max_position_embeddings: int) -> int:
+        """The context this engine serves: ``max_model_len`` if set, else the model's own."""
+        limit = max_position_embeddings
+        if self.max_model_len is not None and not 1 < self.max_model_len <= limit:
+            raise ConfigError("max_model_len", f"max_model_len must be in [2, {limit}] "
+                                               f"(max_position_embeddings), got "
+                                               f"{self.max_model_len}")
+        return self.max_model_len or limit
+
+    @property
+    def persistent_batch(self) -> bool:
+        """Compaction follows the graphs unless told otherwise: a capture replays only steps
+        whose rows are 0..n-1, and compaction is what keeps them there."""
+        return self.cuda_graphs if self.compact_rows is None else bool(self.compact_rows)
+
+    # ------------------------------------------------------------------ front doors
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def default(cls, name: str):
+        """The default of option ``name``, read off its field."""
+        (f,) = [f for f in fields(cls) if f.name == name]
+        return f.default
+
+    @classmethod
+    def from_options(cls, model=None, **options) -> EngineConfig:
+        """What ``LLM(model, **options)`` takes: the field names, an unknown one refused."""
+        known = cls.names()
+        for name in options:
+            if name not in known:
+                near = difflib.get_close_matches(name, known, n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise ValueError(f"unknown engine option {name!r}{hint}")
+        return cls(model=model, **options)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per field (``--max-model-len``), its vLLM alias beside it, its default in
+        its help. A bool is a ``--x/--no-x`` pair; an unset tristate stays ``None``."""
+        group = parser.add_argument_group("engine options")
+        for f in fields(cls):
+            m = f.metadata
+            flag = m["flag"] or "--" + f.name.replace("_", "-")
+            default = f.default if f.default is not MISSING else None
+            said = "(default:" in m["help"]  # the help says what unset means
+            kw = dict(dest=f.name, default=default,
+                      help=m["help"] if said else f"{m['help']} (default: {default})")
+            if f.type in ("bool", "bool | None"):
+                kw["action"] = argparse.BooleanOptionalAction
+            else:
+                kw.update(m["cli"])
+                if m["choices"] is not None and "type" not in m["cli"]:
+                    kw["choices"] = m["choices"]
+            if f.name == "compile":  # a backend name is the API's alone; the flag is on/off
+                kw["action"] = argparse.BooleanOptionalAction
+            if f.name == "model":
+                kw["default"] = None
+            group.add_argument(flag, *m["aliases"], **kw)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> EngineConfig:
+        """The config the flags ask for; a bad value is a ``ConfigError`` naming its flag."""
+        values = {name: getattr(ns, name) for name in cls.names() if hasattr(ns, name)}
+        try:
+            return cls(**values)
+        except ConfigError as e:
+            flag = cls.flag(e.field)
+            raise ConfigError(e.field, f"{flag}: {e}") from None
+
+    @classmethod
+    def flag(cls, name: str) -> str:
+        f = next(f for f in fields(cls) if f.name == name)
+        return f.metadata["flag"] or "--" + name.replace("_", "-")
