@@ -3,7 +3,7 @@
 Why this module exists: the server's promises (SSE framing, a hang-up aborting its request, 429
 at the door) live in the socket and the event loop, so the tests talk to a real server over real
 TCP rather than to an in-process test client. The server runs in a thread of the test process so
-a test can also look at the engine it serves (``engine.llm.engine.allocator``) directly.
+a test can also look at the engine it serves (``engine.snapshot()``) directly.
 """
 
 from __future__ import annotations
@@ -54,6 +54,15 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         assert not self.thread.is_alive(), "uvicorn did not stop"
+
+
+def error_of(r: httpx.Response, status: int) -> dict:
+    """The error object of a refusal, checked to be OpenAI's shape with no traceback in it."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+    assert "Traceback" not in r.text
+    return err
 
 
 def raw_post(port: int, path: str, body: dict, headers: dict | None = None) -> socket.socket:

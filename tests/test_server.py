@@ -27,12 +27,12 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_fixture import ServerThread, raw_post, read_until, wait_for
+from server_fixture import ServerThread, error_of, raw_post, read_until, wait_for
 
 from nanoserve.async_engine import AsyncLLM
+from nanoserve.entrypoints.openai.app import build_app
 from nanoserve.llm import LLM
 from nanoserve.sampling import SamplingParams
-from nanoserve.server import build_app
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -43,17 +43,17 @@ LONG = 1000  # tokens a hung-up request would have run for: seconds on this mode
 
 @pytest.fixture(scope="module")
 def tiny():
-    engine = AsyncLLM(LLM(dtype="float32"))
+    engine = AsyncLLM.from_options(dtype="float32")
     with ServerThread(build_app(engine, NAME, chat_template=TEMPLATE)) as s:
         s.engine = engine
         yield s
-    pool = engine.llm.engine.allocator
-    assert pool.num_free == pool.num_blocks
+    snap = engine.snapshot()
+    assert snap.num_free_blocks == snap.num_blocks
 
 
 @pytest.fixture(scope="module")
 def guarded():
-    engine = AsyncLLM(LLM(dtype="float32", max_num_seqs=1), max_waiting=1)
+    engine = AsyncLLM.from_options(dtype="float32", max_num_seqs=1, max_waiting=1)
     with ServerThread(build_app(engine, NAME, api_key="sekrit")) as s:
         s.engine = engine
         yield s
@@ -62,7 +62,7 @@ def guarded():
 @pytest.fixture(scope="module")
 def random_model(hf_checkpoint):
     path = hf_checkpoint("gqa")
-    engine = AsyncLLM(LLM(path, dtype="float32", skip_tokenizer_init=True))
+    engine = AsyncLLM.from_options(path, dtype="float32", skip_tokenizer_init=True)
     with ServerThread(build_app(engine, "random-gqa")) as s:
         s.engine, s.path = engine, path
         yield s
@@ -79,17 +79,9 @@ def post(server, path: str, body, **kw) -> httpx.Response:
                       **kw)
 
 
-def error_of(r: httpx.Response, status: int) -> dict:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
-    assert "Traceback" not in r.text
-    return err
-
-
 def idle(server) -> bool:
-    e, pool = server.engine, server.engine.llm.engine.allocator
-    return e.num_running == 0 and e.num_waiting == 0 and pool.num_free == pool.num_blocks
+    s = server.engine.snapshot()
+    return s.num_running == 0 and s.num_waiting == 0 and s.num_free_blocks == s.num_blocks
 
 
 def scrape(server) -> dict[tuple, float]:
@@ -230,7 +222,7 @@ def test_vllm_extensions_reach_the_sampler(tiny):
 def test_chat(tiny):
     c = client(tiny)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    prompt_ids = tiny.engine.llm.tokenizer.encode(
+    prompt_ids = tiny.engine.tokenizer.encode(
         "<|system|>Be brief.\n<|user|>Hi\n<|assistant|>", add_special_tokens=False)
     r = c.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=8,
                                   temperature=0, logprobs=True, top_logprobs=2)
@@ -333,7 +325,7 @@ def test_unknown_fields_are_ignored_and_off_values_accepted(tiny):
 
 
 def test_context_limits_name_the_counts(tiny):
-    limit = tiny.engine.llm.max_model_len
+    limit = tiny.engine.max_model_len
     err = error_of(post(tiny, "/v1/completions", {"prompt": [7] * limit}), 400)
     assert err["param"] == "prompt" and str(limit) in err["message"]
     with pytest.raises(openai.BadRequestError) as e:

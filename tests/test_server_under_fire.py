@@ -12,16 +12,16 @@ from server_fixture import ServerThread, wait_for
 
 from nanoserve.async_engine import AsyncLLM
 from nanoserve.bench.fuzz import CATEGORIES, bad_requests, run_fuzz
+from nanoserve.entrypoints.openai.app import build_app
 from nanoserve.llm import LLM
 from nanoserve.sampling import SamplingParams
-from nanoserve.server import build_app
 
 NAME = "nanoserve-tiny"
 
 
 def pool_full(engine) -> bool:
-    pool = engine.llm.engine.allocator
-    return pool.num_free == pool.num_blocks
+    snap = engine.snapshot()
+    return snap.num_free_blocks == snap.num_blocks
 
 
 def serve(engine):
@@ -31,8 +31,8 @@ def serve(engine):
 
 
 def test_500_distinct_bad_requests_get_4xx_in_the_error_shape():
-    engine = AsyncLLM(LLM(dtype="float32", max_model_len=512))
-    cases = bad_requests(seed=46, vocab_size=engine.llm.config.vocab_size, max_model_len=512)
+    engine = AsyncLLM.from_options(dtype="float32", max_model_len=512)
+    cases = bad_requests(seed=46, vocab_size=engine.vocab_size, max_model_len=512)
     assert len(cases) >= 500
     assert len({(c.path, c.headers, c.body) for c in cases}) == len(cases)
     with serve(engine) as s:
@@ -46,7 +46,7 @@ def test_500_distinct_bad_requests_get_4xx_in_the_error_shape():
 
 
 def test_a_burst_past_max_waiting_gets_429_and_the_admitted_answer_correctly():
-    engine = AsyncLLM(LLM(dtype="float32", max_num_seqs=1), max_waiting=2)
+    engine = AsyncLLM.from_options(dtype="float32", max_num_seqs=1, max_waiting=2)
     prompts = [f"The {w} statement" for w in ("for", "while", "if", "try", "with", "import",
                                                 "return", "pass", "raise", "del", "global",
                                                 "assert")]
@@ -77,8 +77,8 @@ def test_a_failing_forward_fails_its_requests_cleanly_and_later_ones_succeed():
     """The test hook (Engine.fail_on_step) makes the request's second step raise. A stream gets
     an SSE error event and [DONE]; a plain request gets a 500 in the error shape; blocks come
     back; the next request is served normally."""
-    engine = AsyncLLM(LLM(dtype="float32"))
-    hook = engine.llm.engine
+    engine = AsyncLLM.from_options(dtype="float32")
+    hook = engine.core.engine  # the fault-injection hook lives on the engine
     body = {"prompt": "The for statement", "max_tokens": 8, "temperature": 0,
             "ignore_eos": True}
     with serve(engine) as s:
@@ -108,7 +108,7 @@ def test_a_failing_forward_fails_its_requests_cleanly_and_later_ones_succeed():
 
 
 def test_a_dead_engine_thread_means_503_not_a_hang(monkeypatch):
-    engine = AsyncLLM(LLM(dtype="float32"))
+    engine = AsyncLLM.from_options(dtype="float32")
     with serve(engine) as s:
         def broken():
             raise RuntimeError("the core is broken")
@@ -126,7 +126,7 @@ def test_a_dead_engine_thread_means_503_not_a_hang(monkeypatch):
 
 def test_64_concurrent_greedy_requests_equal_each_alone_under_preemption():
     kw = dict(dtype="float32", block_size=4, max_num_seqs=8)
-    engine = AsyncLLM(LLM(num_kv_blocks=32, **kw))
+    engine = AsyncLLM.from_options(num_kv_blocks=32, **kw)
     words = "for while if try with class def import return yield lambda pass".split()
     prompts = [f"The {words[i % 12]} statement {'is ' * (i % 5)}".strip() for i in range(64)]
     lengths = [4 + (7 * i) % 17 for i in range(64)]

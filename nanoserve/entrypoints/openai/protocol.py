@@ -8,15 +8,15 @@ cannot honour (tools, structured output, logit bias, ...) are listed in ``UNSUPP
 value that means "off", so sending them switched off is fine and switching them on is a 400.
 
 The response models mirror OpenAI's objects field for field, plus vLLM's extensions
-(``stop_reason``; ``token_ids`` and ``prompt_token_ids`` with ``return_token_ids``). ``Render``
-turns the engine's ``TokenLogprob`` into either of OpenAI's two logprob shapes: the legacy
-completions one (parallel lists) and chat's (one object per token, with its bytes).
+(``stop_reason``; ``token_ids`` and ``prompt_token_ids`` with ``return_token_ids``), and vLLM's
+``/tokenize`` and ``/detokenize`` shapes. A request model may name its own ``unsupported``
+fields; the generating endpoints share ``UNSUPPORTED``.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -96,13 +96,51 @@ UNSUPPORTED: dict[str, tuple] = {
 }
 
 
-def unsupported_field(body: dict) -> str | None:
+def unsupported_field(body: dict, table: dict[str, tuple] = UNSUPPORTED) -> str | None:
     """The first field of ``body`` that asks for something this engine does not do."""
-    for name, off in UNSUPPORTED.items():
+    for name, off in table.items():
         if name in body and not any(body[name] == v and type(body[name]) is type(v)
                                     for v in off):
             return name
     return None
+
+
+# ---------------------------------------------------------------------------- vLLM's tokenizer API
+
+class TokenizeCompletionRequest(_Strict):
+    unsupported: ClassVar[dict[str, tuple]] = {}
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True  # BOS, where the tokenizer adds one
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Strict):
+    unsupported: ClassVar[dict[str, tuple]] = {
+        "tools": _OFF, "continue_final_message": _OFF, "chat_template": _OFF,
+        "chat_template_kwargs": _OFF, "mm_processor_kwargs": _OFF}
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False  # on top of what the template writes
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Strict):
+    unsupported: ClassVar[dict[str, tuple]] = {}
+    model: str | None = None
+    tokens: list[int]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 # ---------------------------------------------------------------------------- responses
@@ -209,45 +247,6 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
-
-
-def _clamp(lp: float) -> float:
-    return max(lp, -9999.0)  # -inf is not JSON
-
-
-class Render:
-    """Token strings and logprobs in both of OpenAI's shapes (``TokenLogprob`` in)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def token(self, token_id: int) -> str:
-        if self.tokenizer is None:
-            return f"token_id:{token_id}"
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
-    def completion_logprobs(self, lps: list, offset: int) -> CompletionLogprobs:
-        out = CompletionLogprobs()
-        for lp in lps:
-            s = self.token(lp.token_id)
-            out.tokens.append(s)
-            out.token_logprobs.append(_clamp(lp.logprob))
-            out.top_logprobs.append({s: _clamp(lp.logprob),
-                                     **{self.token(t): _clamp(v) for t, v in lp.top}})
-            out.text_offset.append(offset)
-            offset += len(s)
-        return out
-
-    def chat_logprobs(self, lps: list) -> ChatLogprobs:
-        content = []
-        for lp in lps:
-            s = self.token(lp.token_id)
-            top = [TopLogprob(token=(t := self.token(i)), logprob=_clamp(v),
-                              bytes=list(t.encode()))
-                   for i, v in lp.top]
-            content.append(ChatLogprob(token=s, logprob=_clamp(lp.logprob),
-                                       bytes=list(s.encode()), top_logprobs=top))
-        return ChatLogprobs(content=content)
 
 
 class ModelCard(BaseModel):

@@ -4,8 +4,8 @@ Why this module exists: an operator's dashboard built for vLLM should work on na
 changing one prefix. Two kinds of number live here:
 
 - **state** the engine already keeps (running, waiting, KV-cache usage, preemptions) is read from
-  the engine at scrape time by a custom collector, so it can never drift from the truth: once the
-  engine is idle, running, waiting and ``kv_cache_usage_perc`` read exactly 0;
+  the engine's ``snapshot()`` at scrape time by a custom collector, so it can never drift from
+  the truth: once the engine is idle, running, waiting and ``kv_cache_usage_perc`` read 0;
 - **events** only the server sees (tokens handed out, latencies, how requests ended) are counted
   as each engine request's deltas pass through ``RequestTracker``.
 
@@ -37,25 +37,21 @@ class _EngineState(Collector):
         self.engine, self.model_name = engine, model_name
 
     def collect(self):
-        e, labels = self.engine, [self.model_name]
+        snap, labels = self.engine.snapshot(), [self.model_name]  # one reading per scrape
         for name, doc, value in (
-                ("num_requests_running", "Requests in the running batch.", e.num_running),
-                ("num_requests_waiting", "Requests waiting to be scheduled.", e.num_waiting),
+                ("num_requests_running", "Requests in the running batch.", snap.num_running),
+                ("num_requests_waiting", "Requests waiting to be scheduled.", snap.num_waiting),
                 ("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).",
-                 e.kv_cache_usage)):
+                 snap.kv_cache_usage)):
             g = GaugeMetricFamily(P + name, doc, labels=["model_name"])
             g.add_metric(labels, float(value))
             yield g
-        c = CounterMetricFamily(P + "num_preemptions", "Preemptions since start.",
-                                labels=["model_name"])
-        c.add_metric(labels, float(e.num_preemptions))
-        yield c
-        counts = e.llm.engine.replay_counters  # Day 57: decode steps, by how they ran
-        for name, doc, value in (
+        for name, doc, value in (  # Day 57: decode steps, by how they ran
+                ("num_preemptions", "Preemptions since start.", snap.num_preemptions),
                 ("decode_steps_replayed", "Decode steps that replayed a recorded window.",
-                 counts.replayed),
+                 snap.decode_steps_replayed),
                 ("decode_steps_scattered", "Decode steps that ran the eager forward.",
-                 counts.scattered)):
+                 snap.decode_steps_scattered)):
             c = CounterMetricFamily(P + name, doc, labels=["model_name"])
             c.add_metric(labels, float(value))
             yield c

@@ -1,0 +1,65 @@
+"""Server-sent events, as OpenAI streams them: ``data: {chunk}`` per delta, then ``[DONE]``.
+
+Why this module exists: a stream has rules of its own that both endpoints share. The status
+line is already sent when the first chunk goes out, so an error after that point cannot be a
+4xx or 5xx any more: it goes out as an error event in OpenAI's shape, and the stream still ends
+with ``data: [DONE]`` so a client's parser finishes cleanly. And a stream can end three ways
+(done, failed, or cancelled by a disconnect, possibly before its generator ever ran); whichever
+it is, ``SSEResponse`` runs its ``on_close`` (the fanout's ``close``), so nothing leaks.
+
+An endpoint supplies only its chunk shape: ``chunk(choice, delta, first)`` for a delta with news,
+``head`` chunks to send first (chat's role), and ``tail()`` for the usage chunk.
+"""
+
+from __future__ import annotations
+
+from fastapi.responses import StreamingResponse
+
+from .errors import ApiError, error_body, failure
+from .fanout import Fanout
+
+
+class SSEResponse(StreamingResponse):
+    """An event stream that runs ``on_close`` however it ends: done, failed or cancelled (a
+    disconnect cancels the stream, possibly before its generator ever started)."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def sse(obj) -> str:
+    return f"data: {obj.model_dump_json()}\n\n"
+
+
+def sse_error(err: ApiError) -> str:
+    return sse(error_body(err.status, err.message, err.param))
+
+
+async def sse_events(fan: Fanout, choices: list, want_lp: bool, chunk, head=(), tail=None):
+    """The SSE body: ``head`` chunks, one ``chunk(choice, delta, first)`` per delta with news,
+    then ``tail()`` (the usage chunk) if given, then ``[DONE]``. An error ends it early, as an
+    error event, still followed by ``[DONE]``."""
+    for h in head:
+        yield h
+    async for i, item in fan.events():
+        err = failure(item)
+        if err is not None:
+            yield sse_error(err)
+            break
+        c = choices[i]
+        first = not c.token_ids and not c.text
+        c.add(item)
+        if item.new_text or item.finished or (want_lp and item.new_logprobs):
+            yield chunk(c, item, first)
+    else:
+        if tail is not None:
+            yield tail()
+    yield "data: [DONE]\n\n"
