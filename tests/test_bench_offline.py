@@ -14,16 +14,10 @@ import pytest
 import torch
 
 from nanoserve import cli
-from nanoserve.bench import offline
-from nanoserve.bench.offline import (
-    HFGenerateEngine,
-    Setup,
-    Workload,
-    make_workload,
-    run_offline,
-    static_waves,
-    wave_accounting,
-)
+from nanoserve.bench import shapes
+from nanoserve.bench.adapters import HFGenerateEngine, NanoserveEngine, Setup
+from nanoserve.bench.runner import run_offline
+from nanoserve.bench.workload import Workload, make_workload, static_waves, wave_accounting
 from nanoserve.llm import DEFAULT_MODEL
 
 
@@ -140,36 +134,46 @@ def test_the_command_reports_the_skip_in_its_json(tmp_path, capsys):
 def test_shapes_match_the_published_configs():
     from chapters.common import LLAMA_3_2_1B
 
-    assert offline.SHAPES["llama-3.2-1b"] == LLAMA_3_2_1B
-    s = offline.shape_config("smollm2-135m")
+    assert shapes.SHAPES["llama-3.2-1b"] == LLAMA_3_2_1B
+    s = shapes.shape_config("smollm2-135m")
     assert (s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"],
             s["num_key_value_heads"], s["head_dim"], s["intermediate_size"],
             s["vocab_size"], s["tie_word_embeddings"], s["rope_theta"],
             s["max_position_embeddings"]) == (576, 30, 9, 3, 64, 1536, 49152, True, 100000.0,
                                               8192)
-    assert offline.shape_config("tiny") == json.loads(
+    assert shapes.shape_config("tiny") == json.loads(
         (Path(DEFAULT_MODEL) / "config.json").read_text())
 
 
 def test_a_shape_checkpoint_is_written_once_by_transformers(tmp_path):
-    path = offline.shape_checkpoint("tiny", cache=tmp_path)
+    path = shapes.shape_checkpoint("tiny", cache=tmp_path)
     cfg = json.loads((path / "config.json").read_text())
-    shipped = offline.shape_config("tiny")
+    shipped = shapes.shape_config("tiny")
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings"):
         assert cfg[key] == shipped[key], key
     assert (path / "model.safetensors").is_file()
     stamp = (path / "model.safetensors").stat().st_mtime_ns
-    assert offline.shape_checkpoint("tiny", cache=tmp_path) == path
+    assert shapes.shape_checkpoint("tiny", cache=tmp_path) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary folder left
 
 
-def test_nanoserve_options_pass_through_and_unknown_ones_are_reported():
+def test_nanoserve_options_pass_through_and_unknown_ones_are_refused():
     setup = Setup(DEFAULT_MODEL, "float32", "cpu", batch=2, max_model_len=64,
-                  nanoserve_options={"block_size": 8, "no_such_option": 1})
-    eng = offline.NanoserveEngine(setup)
-    assert eng.ignored == ["no_such_option"]
-    assert "block_size=8" in eng.notes
-    assert any("no_such_option" in n for n in eng.notes)
+                  nanoserve_options={"block_size": 8})
+    eng = NanoserveEngine(setup)
+    assert eng.notes == ["block_size=8"]
     assert eng.llm.max_num_seqs == 2 and eng.llm.max_model_len == 64
+    bad = Setup(DEFAULT_MODEL, "float32", "cpu", batch=2, max_model_len=64,
+                nanoserve_options={"block_size": 8, "no_such_option": 1})
+    with pytest.raises(ValueError, match="no_such_option"):
+        NanoserveEngine(bad)
+
+
+def test_the_command_refuses_an_unknown_llm_option_by_name(capsys):
+    code = cli.main(["bench", "offline", "--engines", "nanoserve", "--requests", "2",
+                     "--rounds", "1", "--llm-option", "no-such-option=1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "nanoserve bench offline: error:" in err and "no_such_option" in err

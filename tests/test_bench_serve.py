@@ -3,7 +3,7 @@
 A fake OpenAI-style server on 127.0.0.1 streams ``max_tokens`` chunks with a known delay before
 the first and between the rest, usage in the last chunk, then ``data: [DONE]``; what the client
 measures must sit at or above those delays and the counts must be exact. One test runs the real
-``nanoserve.serve`` through the no-``--url`` path and skips until that module exists.
+``nanoserve serve`` through the no-``--url`` path.
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ def test_cli_json_is_one_list_with_inf_as_a_string(capsys):
 def test_cli_refuses_a_bad_rate_and_a_dead_url(capsys):
     with pytest.raises(SystemExit):
         cli_main(["bench", "serve", "--rates", "0,inf"])
-    from nanoserve.bench.serve import free_port
+    from nanoserve.bench.local_server import free_port
 
     rc = cli_main(["bench", "serve", "--url", f"http://127.0.0.1:{free_port()}",
                    "--rates", "inf", "--requests", "2", "--no-progress",
@@ -285,9 +285,34 @@ def test_cli_refuses_a_bad_rate_and_a_dead_url(capsys):
 # ---- the real server ---------------------------------------------------------------------------
 
 def test_real_server_without_url():
-    pytest.importorskip("nanoserve.serve")
+    pytest.importorskip("nanoserve.entrypoints.openai.serve")
     [m] = run_bench(None, [math.inf], 4, input_len=8, output_len=4, seed=0, dtype="float32",
                     server_timeout_s=120)
     assert (m["completed"], m["failed"]) == (4, 0)
     assert m["total_output_tokens"] == 16 and m["total_input_tokens"] >= 32
     assert m["mean_ttft_ms"] > 0 and m["mean_itl_ms"] > 0
+
+
+def test_engine_flags_reach_the_started_server_as_its_own():
+    """The bench's engine flags are ``nanoserve serve``'s (``EngineConfig.add_cli_args``), and
+    those set away from their defaults reach the started server's command line spelt the same."""
+    import argparse
+
+    from nanoserve.bench.local_server import engine_argv, engine_options_set
+    from nanoserve.bench.serve import add_arguments
+    from nanoserve.config import EngineConfig
+    from nanoserve.entrypoints.openai import serve
+
+    bench, server = argparse.ArgumentParser(), argparse.ArgumentParser()
+    add_arguments(bench)
+    serve.add_arguments(server)
+    argv = ["--dtype", "float32", "--max-num-seqs", "4", "--cuda-graphs", "--no-persistent-batch",
+            "--prepack", "off", "--no-kv-cache", "--num-gpu-blocks-override", "64",
+            "--fail-on-step", "3", "5"]
+    args = bench.parse_args(["--rates", "inf", *argv])
+    passed = engine_argv(engine_options_set(args))
+    assert EngineConfig.from_cli_args(server.parse_args(passed)) == \
+        EngineConfig.from_cli_args(args)
+    assert engine_options_set(bench.parse_args([])) == {}  # nothing set: nothing passed
+    with pytest.raises(ValueError, match="not an engine option"):
+        engine_argv({"max_num_seq": 4})

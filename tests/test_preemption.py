@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.bench.sched import run_scheduled
+from nanoserve.bench.schedbench import run_scheduled
 from nanoserve.block_allocator import BlockAllocator
 from nanoserve.request import Request, RequestState
 from nanoserve.scheduler import Scheduler

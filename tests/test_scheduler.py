@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoserve.bench.sched import run_scheduled, run_static
+from nanoserve.bench.schedbench import run_scheduled, run_static
 from nanoserve.block_allocator import BlockAllocator
 from nanoserve.request import _LEGAL_TRANSITIONS, IllegalTransition, Request, RequestState
 from nanoserve.scheduler import Scheduler

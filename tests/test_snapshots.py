@@ -104,7 +104,7 @@ def test_package_static_batch_equals_day29_snapshot():
                                               (4, 48, [24], 4), (3, 64, [1, 9, 2, 30], 11)])
 def test_package_harness_equals_day30_snapshot(slots, pool, gen, n):
     from chapters.day30_state_machine.snapshot import harness as snap
-    from nanoserve.bench import sched as live
+    from nanoserve.bench import schedbench as live
 
     now, then = live.run_scheduled(slots, 4, pool, 5, gen, n), snap.run_scheduled(slots, 4, pool,
                                                                                  5, gen, n)
@@ -133,7 +133,7 @@ def test_package_scheduled_loop_equals_day31_snapshot():
 @pytest.mark.parametrize("policy", ["reserve", "incremental"])
 def test_package_harness_equals_day33_snapshot(pool, policy):
     from chapters.day33_preemption.snapshot import harness as snap
-    from nanoserve.bench import sched as live
+    from nanoserve.bench import schedbench as live
 
     assert live.run_scheduled(4, 4, pool, 5, [24], 4, policy) == \
         snap.run_scheduled(4, 4, pool, 5, [24], 4, policy)

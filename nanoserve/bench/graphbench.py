@@ -52,18 +52,16 @@ import time
 from pathlib import Path
 
 from ..block_allocator import BlockAllocator
-from ..compact import (
-    COMPACTION_MODES,
+from ..compact import COMPACTION_MODES, RowCompactor, is_compact
+from ..request import Request
+from ..scheduler import Scheduler
+from .gates import (
     GateFailed,
-    RowCompactor,
     ScheduleRecord,
     check_arm_replayed_every_step,
     check_moves_amortised,
     check_moves_minimal,
-    is_compact,
 )
-from ..request import Request
-from ..scheduler import Scheduler
 
 TOKEN = 1  # every generated token; nothing here looks at values
 BLOCK_SIZE = 16
@@ -214,7 +212,8 @@ def run_arms(weights: str, device: str, rates: list[float], arms=DEFAULT_ARMS,
     at the deadline (its unfinished requests count as failed)."""
     import httpx
 
-    from .serve import local_server, run_bench
+    from .local_server import local_server
+    from .serve import run_bench
 
     folder = Path(weights)
     if not (folder / "config.json").is_file():
@@ -229,7 +228,7 @@ def run_arms(weights: str, device: str, rates: list[float], arms=DEFAULT_ARMS,
     cuda = device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         raise ValueError(f"--device {device} but CUDA is not available here")
-    from .offline import describe_hardware, hardware
+    from .hardware import describe_hardware, hardware
 
     hw = hardware(device)
     report = {

@@ -16,8 +16,11 @@ flight, and reports per rate, under vLLM's key names:
 
 Output tokens come from the ``usage`` in the final chunk (``stream_options.include_usage``);
 a server that sends none is counted by its content chunks. Percentiles are numpy's (linear
-interpolation). Without ``--url`` the benchmark starts ``python -m nanoserve.serve`` on a free
-port of 127.0.0.1, waits for ``/health``, and stops it afterwards.
+interpolation). Without ``--url`` the benchmark starts ``nanoserve serve`` on a free port of
+127.0.0.1, waits for ``/health``, and stops it afterwards; the started server takes every engine
+flag of ``nanoserve serve`` (``EngineConfig.add_cli_args``: ``--model``, ``--dtype``,
+``--max-num-seqs``, ``--cuda-graphs``, ...), and the benchmark passes on those set away from their
+defaults, spelt as that parser spells them.
 
     nanoserve bench serve --rates 1,4,inf --requests 64 --json
     nanoserve bench serve --url http://127.0.0.1:8000 --rates inf --max-concurrency 8
@@ -32,21 +35,18 @@ import contextlib
 import json
 import math
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..config import DEFAULT_MODEL
 from . import run_sync
+from .local_server import LocalServer, engine_argv, engine_options_set, local_server
 from .workload import SampleRequest, arrival_times, random_requests
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "checkpoints" / "nanoserve-tiny"
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
@@ -245,11 +245,12 @@ def run_bench(url: str | None = None, rates=(float("inf"),), requests: int = 64,
               prompt_format: str = "ids", dtype: str | None = None, device: str | None = None,
               max_num_seqs: int | None = None, request_timeout_s: float = 120.0,
               max_duration_s: float = 600.0, server_timeout_s: float = 180.0,
-              progress: bool = False) -> list[dict]:
+              progress: bool = False, engine_args: tuple[str, ...] = ()) -> list[dict]:
     """One dict of vLLM's serving metrics per rate, in ``rates`` order (times in ms).
 
     ``url`` is the server's base (``http://127.0.0.1:8000``); without it ``model`` (default: the
-    shipped checkpoint) is served by a ``nanoserve.serve`` subprocess for the run. The same
+    shipped checkpoint) is served by a ``nanoserve serve`` subprocess for the run, with
+    ``dtype``, ``device``, ``max_num_seqs`` and any more ``engine_args`` (its flags). The same
     seeded requests go out at every rate. ``model`` also gives the vocabulary for the prompts'
     token ids (or ``vocab_size``), and the tokenizer when ``prompt_format="text"``.
     """
@@ -270,7 +271,7 @@ def run_bench(url: str | None = None, rates=(float("inf"),), requests: int = 64,
                            vocab_size or _vocab_size(model_dir), seed, tokenizer=tokenizer)
     if url is None:
         server = local_server(model_dir, dtype=dtype, device=device, max_num_seqs=max_num_seqs,
-                              timeout_s=server_timeout_s)
+                              timeout_s=server_timeout_s, extra_args=tuple(engine_args))
     else:
         server = contextlib.nullcontext(LocalServer(url.rstrip("/"), None))
     with server as srv:
@@ -283,74 +284,6 @@ def run_bench(url: str | None = None, rates=(float("inf"),), requests: int = 64,
                 "requests": requests, "input_len": input_len, "output_len": output_len,
                 "range_ratio": range_ratio, "seed": seed}
     return [r | workload for r in results]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass(frozen=True, slots=True)
-class LocalServer:
-    url: str  # base URL, e.g. http://127.0.0.1:40123
-    pid: int | None  # the server's process (None for a server we did not start)
-
-
-@contextlib.contextmanager
-def local_server(model, dtype: str | None = None, device: str | None = None,
-                 max_num_seqs: int | None = None, timeout_s: float = 180.0,
-                 extra_args: tuple[str, ...] = ()):
-    """``python -m nanoserve.serve`` on a free 127.0.0.1 port; yields a ``LocalServer`` (its
-    base URL and pid) once healthy. ``extra_args`` are more ``nanoserve serve`` flags.
-
-    The server's output goes to a temporary log, shown if it dies or never turns healthy. On exit
-    it gets SIGTERM, then SIGKILL if it has not stopped within 15 s.
-    """
-    import httpx
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "nanoserve.serve", "--model", str(model),
-           "--host", "127.0.0.1", "--port", str(port)]
-    for flag, value in (("--dtype", dtype), ("--device", device),
-                        ("--max-num-seqs", max_num_seqs)):
-        if value is not None:
-            cmd += [flag, str(value)]
-    cmd += list(extra_args)
-    base_url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=os.environ | {"PYTHONUNBUFFERED": "1"})
-
-        def tail() -> str:
-            log.flush()
-            log.seek(0)
-            return log.read()[-2000:]
-
-        try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the server exited with {proc.returncode}:\n{tail()}")
-                try:
-                    if httpx.get(f"{base_url}/health", timeout=2.0,
-                                 trust_env=False).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the server was not healthy within {timeout_s}s:\n"
-                                       f"{tail()}")
-                time.sleep(0.25)
-            yield LocalServer(base_url, proc.pid)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=15)
 
 
 ROWS = [  # (label, key, format) of the table, in vLLM's order
@@ -396,10 +329,13 @@ def _rates(text: str) -> list[float]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The benchmark's flags, then ``nanoserve serve``'s engine flags for the server it starts
+    without ``--url`` (``--model`` also gives the prompts' vocabulary, with ``--url`` too)."""
+    from ..config import EngineConfig
+
     p.add_argument("--url", default=None,
-                   help="server base URL; without it the shipped model is served on 127.0.0.1")
-    p.add_argument("--model", default=None,
-                   help="checkpoint folder to serve, and whose vocabulary the prompts use")
+                   help="server base URL; without it --model is served on 127.0.0.1 with the "
+                        "engine options below")
     p.add_argument("--served-model-name", default=None,
                    help="the request's model field (default: the first of /v1/models)")
     p.add_argument("--rates", type=_rates, default=[1.0, 2.0, 4.0, math.inf],
@@ -418,9 +354,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="send token ids, or text decoded from them with --model's tokenizer")
     p.add_argument("--vocab-size", type=int, default=None,
                    help="draw prompt ids below this (default: --model's vocab_size)")
-    p.add_argument("--dtype", default=None, help="passed to the started server")
-    p.add_argument("--device", default=None, help="passed to the started server")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="passed to the started server")
     p.add_argument("--request-timeout", type=float, default=120.0,
                    help="seconds a request may wait for its next byte")
     p.add_argument("--max-duration", type=float, default=600.0,
@@ -429,6 +362,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds the started server has to turn healthy")
     p.add_argument("--json", action="store_true", help="print one JSON list on stdout")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    EngineConfig.add_cli_args(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -436,17 +370,17 @@ def main(args: argparse.Namespace) -> int:
         results = run_bench(
             args.url, args.rates, args.requests, args.input_len, args.output_len,
             args.range_ratio, args.burstiness, args.max_concurrency, args.seed, args.model,
-            args.served_model_name, args.vocab_size, args.prompt_format, args.dtype,
-            args.device, args.max_num_seqs, args.request_timeout, args.max_duration,
-            args.server_timeout, progress=not args.no_progress)
+            args.served_model_name, args.vocab_size, args.prompt_format,
+            request_timeout_s=args.request_timeout, max_duration_s=args.max_duration,
+            server_timeout_s=args.server_timeout, progress=not args.no_progress,
+            engine_args=tuple(engine_argv(engine_options_set(args))))
     except (ValueError, RuntimeError) as e:
         print(f"nanoserve bench serve: error: {e}", file=sys.stderr)
         return 2
     results = rounded(results)
     r0 = results[0]
-    where = args.url or (f"a local nanoserve.serve (device {args.device or 'default'}, "
-                         f"max_num_seqs {args.max_num_seqs or 'default'}, "
-                         f"{os.cpu_count()} host cores)")
+    where = args.url or (f"a local nanoserve serve (device {args.device}, "
+                         f"max_num_seqs {args.max_num_seqs}, {os.cpu_count()} host cores)")
     print_table(results, f"nanoserve bench serve: {r0['model']} on {where}; {args.requests} "
                          f"requests of {args.input_len} in/{args.output_len} out per rate, "
                          f"range_ratio {args.range_ratio}, burstiness {args.burstiness}, "

@@ -211,7 +211,7 @@ def run_soak(requests: int = 10_000, concurrency: int = 64, disconnect_rate: flo
     from rich.progress import Progress
 
     from ..tokenizer import Tokenizer
-    from .serve import local_server
+    from .local_server import local_server
 
     model_dir = Path(model) if model else DEFAULT_MODEL
     has_template = Tokenizer.from_dir(model_dir).chat_template is not None
@@ -310,10 +310,6 @@ def _machine() -> str:
     """The CPU by name, its core count, and the GPU (none: the soak runs the server on CPU)."""
     import os
 
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = f"{platform.machine()} {names[0]}" if names else cpu
-    return f"{cpu}, {os.cpu_count() or 1} CPUs, no GPU"
+    from .hardware import cpu_model
+
+    return f"{platform.machine()} {cpu_model()}, {os.cpu_count() or 1} CPUs, no GPU"

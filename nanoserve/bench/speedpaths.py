@@ -1,4 +1,4 @@
-"""Issue 12's numbers: what each speed path saves, counted where it can be and timed where not.
+"""The speed paths' numbers: what each one saves, counted where it can be and timed where not.
 
 Why this module exists: the fast paths (packed prefill, the gathered mapping, compiled decode,
 bf16 on a CPU) each claim a saving, and each claim needs one command that remakes it. Counts

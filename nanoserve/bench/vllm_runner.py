@@ -1,9 +1,8 @@
 """The vLLM side of ``nanoserve bench offline``: a long-lived process in vLLM's own venv.
 
 Why this module exists: vLLM's CPU build pins its own torch and lives in ``.venv-vllm``, so it
-cannot be imported beside nanoserve. ``offline.py`` starts this file as a script under that venv's
-Python (``python -P vllm_runner.py CONFIG_JSON``; ``-P`` keeps this folder, whose ``sched.py``
-would shadow the standard library's, off ``sys.path``), and talks to it in JSON lines:
+cannot be imported beside nanoserve. ``vllm_engine.py`` starts this file as a script under that
+venv's Python (``python vllm_runner.py CONFIG_JSON``) and talks to it in JSON lines:
 
 - the runner's first line is ``{"event": "hello", "version": ..., "platform": ...}``, sent before
   the model loads, so a build for the wrong device is refused cheaply;

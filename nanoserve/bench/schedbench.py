@@ -12,6 +12,8 @@ computes; *useful* counts tokens a request keeps. ``--batching static`` counts t
 as waves of ``slots`` requests that each run until their longest member is done.
 ``--policy incremental`` (Day 33) adds preemption: ``preemptions``, ``recomputed_tokens`` (tokens
 re-prefilled on resume) and the two wastes, averaged over the iterations that ran the model.
+The file is ``schedbench.py``, not ``sched.py``: a script run from this folder
+(``vllm_runner.py``) would otherwise import it in place of the standard library's ``sched``.
 
     nanoserve bench sched --slots 8 --block-size 4 --pool-tokens 512 --prompt-len 5 \\
         --gen-lens 4,4,4,4,4,4,4,32 --requests 24 --policy reserve --json
