@@ -5,10 +5,10 @@ in eager mode each one is a Python call and a dispatch. ``torch.compile`` (induc
 writes C++ and builds it with the system compiler) fuses the norms, the rotary embedding, the
 SwiGLU and the residual adds into a few loops. Two things would make it recompile every step:
 
-- the batch size. Decode batches are padded up to a *bucket* (1, 2, 4, 8, ... max_num_seqs), and
-  the graph is specialised per bucket (``dynamic=False``), so a running batch compiles at most
-  once per bucket. ``CompiledDecode.compiles`` counts compilations; tests bound it by the
-  number of buckets.
+- the batch size. Decode batches are padded up to a *bucket* (1, 2, 4, 8, ... max_num_seqs: the
+  rule in ``nanoserve.buckets``, shared with Day 57's windows), and the graph is specialised per
+  bucket (``dynamic=False``), so a running batch compiles at most once per bucket.
+  ``CompiledDecode.compiles`` counts compilations; tests bound it by the number of buckets.
 - the context length, which grows every step. The attention read is opaque to the compiler: a
   ``torch.library`` custom op, ``nanoserve::paged_attend``, whose fake implementation says only
   "the output is shaped like q". Inside it the cache's ``attend`` runs eagerly on the real rows
@@ -30,6 +30,8 @@ import time
 import types
 
 import torch
+
+from .buckets import batch_buckets as decode_buckets  # Day 49's name: [1, 2, 4, 8, 12] for 12
 
 log = logging.getLogger("nanoserve")
 
@@ -61,15 +63,6 @@ class _Opaque:
 
     def attend(self, layer, q, k, v, positions):
         return torch.ops.nanoserve.paged_attend(q, k, v, positions, layer)
-
-
-def decode_buckets(max_num_seqs: int) -> list[int]:
-    """Powers of two below max_num_seqs, then max_num_seqs: [1, 2, 4, 8, 12] for 12."""
-    out, b = [], 1
-    while b < max_num_seqs:
-        out.append(b)
-        b *= 2
-    return out + [max_num_seqs]
 
 
 def inductor_unavailable() -> str | None:

@@ -6,8 +6,9 @@ the launches once and replays them with one call. The price is that a recording 
 reads and writes the same addresses, with the same shapes, every time. So the step has to come
 to the recording, not the other way round:
 
-- a **capture list** of batch sizes (``capture_sizes``: 1, 2, 4, 8, ... and ``max_num_seqs``);
-  a step of ``n`` rows is padded up to the next bucket ``b``, as vLLM does;
+- a **capture list** of batch sizes (``capture_sizes``: 1, 2, 4, 8, ... and ``max_num_seqs``,
+  the rule in ``nanoserve.buckets`` that Day 49's compiled decode uses too); a step of ``n`` rows
+  is padded up to the next bucket ``b``, as vLLM does;
 - **static buffers** of fixed capacity hold everything the window reads or writes: input ids,
   positions, write cells, context lengths, the gathered mapping (wide enough for the longest
   context the window may meet, ``max_model_len``) and the output hidden states. Window ``b``
@@ -43,26 +44,12 @@ from dataclasses import dataclass
 import torch
 
 from .attention import paged_attention_batched_reference, paged_attention_gathered
+from .buckets import batch_buckets as capture_sizes  # Day 57's name for the capture list
+from .buckets import bucket_for
 from .compact import is_compact
 from .gathered import GATHER_CHUNK
 
 log = logging.getLogger("nanoserve")
-
-
-def capture_sizes(max_num_seqs: int) -> list[int]:
-    """The capture list: powers of two below ``max_num_seqs``, then ``max_num_seqs`` itself."""
-    if max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-    sizes, b = [], 1
-    while b < max_num_seqs:
-        sizes.append(b)
-        b *= 2
-    return sizes + [max_num_seqs]
-
-
-def bucket_for(n: int, sizes: Sequence[int]) -> int | None:
-    """The smallest bucket that holds ``n`` rows, or None if none does."""
-    return next((b for b in sorted(sizes) if b >= n), None)
 
 
 def rows_are_a_prefix(rows: Iterable[int]) -> bool:

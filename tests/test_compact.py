@@ -21,22 +21,24 @@ from log_tables import LOG_COVERAGE
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.bench import graphbench
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.compact import (
-    COMPACTION_MODES,
+from nanoserve.bench.gates import (
     GateFailed,
-    RowCompactor,
-    RowMove,
     ScheduleRecord,
     check_arm_replayed_every_step,
     check_moves_amortised,
     check_moves_minimal,
+    rows_before,
+)
+from nanoserve.block_allocator import BlockAllocator
+from nanoserve.compact import (
+    COMPACTION_MODES,
+    RowCompactor,
+    RowMove,
     holes,
     is_compact,
     move_cells,
     moves_needed,
     plan_compaction,
-    rows_before,
     strays,
 )
 from nanoserve.paged import BatchedPagedKVCache, SlotTable

@@ -21,12 +21,13 @@ from log_tables import LOG_COVERAGE
 from server_fixture import ServerThread, wait_for
 
 from nanoserve import graphs
+from nanoserve.async_engine import AsyncLLM
 from nanoserve.bench import graphbench
+from nanoserve.config import EngineConfig
+from nanoserve.entrypoints.openai.app import build_app
 from nanoserve.graphs import DecodeGraphs, ReplayCounters, bucket_for, capture_sizes
 from nanoserve.llm import LLM
 from nanoserve.sampling import SamplingParams
-from nanoserve.serve import add_arguments, build_engine, engine_options
-from nanoserve.server import build_app
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(dtype="float32", skip_tokenizer_init=True, block_size=4, max_num_seqs=4,
@@ -219,7 +220,7 @@ def test_capture_needs_a_card(checkpoint):
 
 def parse(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    add_arguments(p)
+    EngineConfig.add_cli_args(p)
     return p.parse_args(list(argv))
 
 
@@ -230,25 +231,26 @@ def parse(*argv: str) -> argparse.Namespace:
 ])
 def test_persistent_batch_is_tri_state(argv, graphs_on, compact):
     args = parse(*argv)
-    assert args.persistent_batch in (None, True, False)
-    opts = engine_options(args)
-    assert (opts["cuda_graphs"], opts["compact_rows"]) == (graphs_on, compact)
+    assert args.compact_rows in (None, True, False)
+    cfg = EngineConfig.from_cli_args(args)
+    assert (cfg.cuda_graphs, cfg.persistent_batch) == (graphs_on, compact)
 
 
 def test_speed_flags_parse_unbundled():
-    opts = engine_options(parse("--no-compile", "--attention", "reference"))
-    assert (opts["compile"], opts["attention"]) == (False, "reference")
-    assert engine_options(parse("--compile"))["compile"] is True
-    assert engine_options(parse())["attention"] == "gathered"
+    cfg = EngineConfig.from_cli_args(parse("--no-compile", "--attention", "reference"))
+    assert (cfg.compile, cfg.attention) == (False, "reference")
+    assert EngineConfig.from_cli_args(parse("--compile")).compile is True
+    assert EngineConfig.from_cli_args(parse()).attention == "gathered"
 
 
 def test_build_engine_threads_each_option(checkpoint):
-    engine = build_engine(checkpoint, cuda_graphs=True, attention="reference", **TINY)
-    llm = engine.llm
-    assert llm.engine.graphs is not None and llm.engine.cache.attention == "reference"
-    assert llm.compact_rows is True  # None follows the graphs
-    engine = build_engine(checkpoint, cuda_graphs=True, compact_rows=False, **TINY)
-    assert engine.llm.compact_rows is False and engine.llm.core.scheduler.compactor.mode == "free"
+    engine = AsyncLLM.from_options(checkpoint, cuda_graphs=True, attention="reference", **TINY)
+    core = engine.core
+    assert core.engine.graphs is not None and core.engine.cache.attention == "reference"
+    assert core.scheduler.compact_rows is True  # None follows the graphs
+    engine = AsyncLLM.from_options(checkpoint, cuda_graphs=True, compact_rows=False, **TINY)
+    assert engine.core.scheduler.compact_rows is False
+    assert engine.core.scheduler.compactor.mode == "free"
 
 
 def test_a_graphed_server_serves_the_offline_tokens_and_counts_them():
@@ -256,7 +258,7 @@ def test_a_graphed_server_serves_the_offline_tokens_and_counts_them():
     lens = [12, 5, 9]
     offline = LLM(dtype="float32", max_model_len=64).generate(
         prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens])
-    engine = build_engine(None, cuda_graphs=True, dtype="float32", max_model_len=64)
+    engine = AsyncLLM.from_options(None, cuda_graphs=True, dtype="float32", max_model_len=64)
     with ServerThread(build_app(engine, "tiny")) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             texts = [c.post("/v1/completions", json={
@@ -266,9 +268,9 @@ def test_a_graphed_server_serves_the_offline_tokens_and_counts_them():
             page = c.get("/metrics").text
     assert texts == [o.text for o in offline]
     counts = graphbench.replay_counters(page)
-    e = engine.llm.engine
-    assert counts["replayed"] == e.replay_counters.replayed > 0
-    assert counts["scattered"] == e.replay_counters.scattered == 0
+    snap = engine.snapshot()
+    assert counts["replayed"] == snap.decode_steps_replayed > 0
+    assert counts["scattered"] == snap.decode_steps_scattered == 0
     assert "nanoserve:decode_steps_replayed_total{" in page
     assert "nanoserve:decode_steps_scattered_total{" in page
 
@@ -376,7 +378,7 @@ def test_gpu_check_writes_weights_the_loader_reads(tmp_path):
     sys.path.insert(0, str(ROOT / "tools"))
     import gpu_check
 
-    from nanoserve.bench.offline import SHAPES
+    from nanoserve.bench.shapes import SHAPES
 
     cfg = dict(SHAPES["llama-3.2-1b"], vocab_size=512, hidden_size=64, intermediate_size=128,
                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)

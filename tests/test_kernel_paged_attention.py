@@ -1,9 +1,9 @@
-"""The Triton paged-attention kernel against ``paged_attention_batched_reference`` (issue 14).
+"""The Triton paged-attention kernel against ``paged_attention_batched_reference``.
 
-On a CPU the kernels run under Triton's interpreter (``nanoserve.kernels`` sets
-``TRITON_INTERPRET=1`` before triton compiles anything), in float32, relative error <= 1e-5:
+On a CPU the kernels run under Triton's interpreter (``tests/conftest.py`` sets
+``TRITON_INTERPRET=1`` before anything imports triton), in float32, relative error <= 1e-5:
 
-- every configuration of ``nanoserve.kernels.aot.configurations()`` (GQA 1/2/5, head_dim
+- every configuration of ``tools.kernel_aot.configurations()`` (GQA 1/2/5, head_dim
   32/48/64, block sizes 1/4/16, one-pass and split-K, decode and prefill), over ragged contexts
   from 1 token to several blocks, scattered and out-of-order block ids, and table entries past a
   row's end that are -1 (so a read past the end would fault);
@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,8 +35,9 @@ from nanoserve.kernels import (  # noqa: E402
     paged_attention_triton,
     workspace_bytes,
 )
-from nanoserve.kernels.aot import configurations, jobs  # noqa: E402
+from tools.kernel_aot import configurations, jobs  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]  # where `python -m tools.kernel_aot` runs
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -176,7 +178,7 @@ def test_every_configuration_compiles_for_an_h200():
     the combine kernel for every head_dim) to a cubin for GPUTarget("cuda", 90, 32), in a
     process without the interpreter. Triton's cache makes a rerun of unchanged kernels quick."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    run = subprocess.run([sys.executable, "-m", "nanoserve.kernels.aot"], env=env,
+    run = subprocess.run([sys.executable, "-m", "tools.kernel_aot"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     last = run.stdout.strip().splitlines()[-1]

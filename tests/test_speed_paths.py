@@ -1,4 +1,4 @@
-"""The speed paths against the plain ones they replace (issue 12).
+"""The speed paths against the plain ones they replace.
 
 - packed prefill (one token stream) against the padded rectangle (Day 27) and per-prompt runs;
 - the gathered mapping (Day 50) against ``paged_attention_batched_reference``, over ragged

@@ -154,7 +154,7 @@ def write_weights(folder: Path, seed: int = 0, cfg: dict | None = None,
     import torch
     from safetensors.torch import save_file
 
-    from nanoserve.bench.offline import SHAPES
+    from nanoserve.bench.shapes import SHAPES
 
     cfg = dict(cfg or SHAPES["llama-3.2-1b"])
     E, inter, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]

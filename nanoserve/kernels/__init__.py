@@ -7,30 +7,28 @@ a time, and keeps its softmax in registers, so the one-pass path materialises no
 output.
 
 Triton is an optional dependency (the ``kernels`` extra). On a machine without CUDA the kernels run
-under Triton's interpreter, which is decided when ``@triton.jit`` runs (triton's own helpers
-are decorated when triton is imported), so this package sets ``TRITON_INTERPRET=1`` before the
-first triton import, unless the caller already chose (``TRITON_INTERPRET=0`` keeps the
-compiler, which is what the H200 compile test wants), and refuses if triton came first.
+under Triton's interpreter, which has to be chosen before triton is first imported
+(``nanoserve.triton_mode`` says why). Importing this package never chooses it: without CUDA it
+refuses unless the caller did, by setting ``TRITON_INTERPRET`` (``1``: the interpreter; ``0``:
+the compiler, which is what ``tools/kernel_aot.py`` wants) or by calling
+``nanoserve.triton_mode.use_interpreter()`` first, as the engine does for ``attention="triton"``.
+It also refuses kernels built in another mode than triton's own helpers.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+from ..triton_mode import require_choice, require_one_mode
 
-import torch
-
-if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-    if "triton" in sys.modules:  # its own @jit helpers (tl.zeros, ...) were built compiled
-        raise ImportError("no CUDA here, and triton was imported before nanoserve.kernels "
-                          "without TRITON_INTERPRET=1: set it before the first triton import")
-    os.environ["TRITON_INTERPRET"] = "1"
+require_choice()  # before the first triton import below
 
 from .paged_attention import (  # noqa: E402
+    _paged_attention_kernel,
     choose_splits,
     paged_attention,
     paged_attention_triton,
     workspace_bytes,
 )
+
+require_one_mode(_paged_attention_kernel)
 
 __all__ = ["choose_splits", "paged_attention", "paged_attention_triton", "workspace_bytes"]

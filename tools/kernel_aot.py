@@ -1,13 +1,18 @@
 """Compile every kernel configuration for an H200 on a machine without one.
 
-Why this module exists: the interpreter runs Python, so it accepts kernels the compiler rejects
+Why this tool exists: the interpreter runs Python, so it accepts kernels the compiler rejects
 (a ``tl.dot`` smaller than 16, a non-power-of-two ``tl.arange``, an int64/int32 mix in a loop).
 This compiles each configuration the tests and the engine launch through Triton's own NVIDIA
 backend, to a cubin (ptxas ships inside the triton wheel), for ``GPUTarget("cuda", 90, 32)``.
-It needs the real compiler, so ``TRITON_INTERPRET=0`` must be set before ``nanoserve.kernels``
-is imported (that package turns the interpreter on where there is no CUDA)::
+It builds a card's kernels, so it lives in ``tools/`` beside the other build scripts, not in the
+runtime package. It needs the real compiler, so ``TRITON_INTERPRET=0`` must be set before
+``nanoserve.kernels`` is imported (without CUDA that package refuses to guess a mode;
+``nanoserve.triton_mode`` says why)::
 
-    TRITON_INTERPRET=0 python -m nanoserve.kernels.aot     # one line per configuration
+    TRITON_INTERPRET=0 python -m tools.kernel_aot     # one line per configuration
+
+``configurations()`` is also the tests' matrix, so importing this module under the interpreter
+is fine; only compiling needs ``TRITON_INTERPRET=0``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from .paged_attention import (
+from nanoserve.kernels.paged_attention import (
     MAX_SPLITS,
     MIN_DOT,
     _combine_kernel,
