@@ -3,7 +3,9 @@
 Why this module exists: several days check themselves against the same things (transformers'
 Llama on a random checkpoint it wrote, the shipped nanoserve-tiny model, the Llama-3.2-1B shape),
 and each should be made in one place. Checkpoints are written once per process into a temporary
-folder.
+folder. The Llama-3.2-1B shape (``nanoserve.bench.shapes``) and the machine's one-line
+description (``hardware()``, ``nanoserve.bench.hardware``) are the package's own, named here so
+that the chapters and the benchmarks cannot disagree about them.
 """
 
 from __future__ import annotations
@@ -12,20 +14,12 @@ import functools
 import tempfile
 from pathlib import Path
 
+# Re-exported for the chapters: the package's own shape, and its one-line machine description.
+from nanoserve.bench.hardware import describe_hardware as hardware  # noqa: F401
+from nanoserve.bench.shapes import LLAMA_3_2_1B  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "nanoserve" / "checkpoints" / "nanoserve-tiny"
-
-# Llama-3.2-1B's config.json, as published: the shape GPU benchmarks use with random weights.
-LLAMA_3_2_1B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
-    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
-    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": 128001,
-    "torch_dtype": "bfloat16",
-}
 
 
 @functools.cache
@@ -128,22 +122,3 @@ class ForwardCounter:
 
     def __exit__(self, *exc):
         self._handle.remove()
-
-
-def hardware() -> str:
-    """What a measurement ran on, for every table that prints one: the card where CUDA is
-    present, else the CPU, with torch's (and CUDA's) version."""
-    import os
-    import platform
-
-    import torch
-
-    if torch.cuda.is_available():
-        return (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-                f"CUDA {torch.version.cuda}")
-    info = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in
-             (info.read_text().splitlines() if info.is_file() else [])
-             if line.startswith("model name")]
-    cpu = names[0] if names else platform.processor() or platform.machine()
-    return f"{cpu} ({os.cpu_count()} cores), no CUDA, torch {torch.__version__}"

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from chapters.common import DAY29_MAX_TOKENS
 from chapters.day30_state_machine.snapshot import request as day30
-from nanoserve.bench.sched import run_scheduled, run_static
+from nanoserve.bench.schedbench import run_scheduled, run_static
 from nanoserve.block_allocator import BlockAllocator
 from nanoserve.request import _LEGAL_TRANSITIONS, IllegalTransition, Request, RequestState
 from nanoserve.scheduler import Scheduler, SchedulerOutput

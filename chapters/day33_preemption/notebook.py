@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 from chapters.common import SHIPPED
-from nanoserve.bench.sched import run_scheduled
+from nanoserve.bench.schedbench import run_scheduled
 from nanoserve.block_allocator import BlockAllocator
 from nanoserve.request import Request, RequestState
 from nanoserve.scheduler import Scheduler

@@ -42,7 +42,7 @@ async def settle(cond, timeout: float = 10.0) -> bool:
 
 
 async def _life(e) -> dict:
-    core, pool = e.core, e.llm.engine.allocator
+    core, pool = e.core, e.core.engine.allocator
     got: dict = {}
 
     # 1. the workload's 12 requests as concurrent streams
@@ -149,7 +149,7 @@ def life() -> dict:
     from nanoserve.async_engine import AsyncLLM
 
     with one_thread():
-        e = AsyncLLM(new_llm())
+        e = AsyncLLM(new_llm().core)
         e.start()
         try:
             return asyncio.run(asyncio.wait_for(_life(e), 120))
@@ -210,7 +210,7 @@ def death() -> str:
         return f"{seen[0]} of 3, then {later}"
 
     with one_thread():
-        e = AsyncLLM(new_llm())
+        e = AsyncLLM(new_llm().core)
         e.start()
         return asyncio.run(asyncio.wait_for(main(e), 60))
 
@@ -223,9 +223,9 @@ def loop_stall_ratio() -> float:
     4 x 256-token prefill, over that prefill's own time (both from one run, best of 3)."""
     from nanoserve.async_engine import AsyncLLM
 
-    e = AsyncLLM(new_llm(num_kv_blocks=512))
+    e = AsyncLLM(new_llm(num_kv_blocks=512).core)
     e.start()
-    forwards, step = [], e.llm.engine.step
+    forwards, step = [], e.core.engine.step
 
     def timed_step(out):
         t = time.perf_counter()
@@ -234,7 +234,7 @@ def loop_stall_ratio() -> float:
         finally:
             forwards.append(time.perf_counter() - t)
 
-    e.llm.engine.step = timed_step
+    e.core.engine.step = timed_step
 
     async def once(n: int) -> float:
         late, done = [0.0], asyncio.Event()

@@ -37,9 +37,9 @@ async def heartbeat(t0: float, done: asyncio.Event, beats: list):
 
 
 def run_threaded() -> dict:
-    e = AsyncLLM(LLM(SHIPPED, **SHAPE))
+    e = AsyncLLM.from_options(SHIPPED, **SHAPE)
     e.start()
-    spans, step = [], e.llm.engine.step
+    spans, step = [], e.core.engine.step
 
     def timed_step(out):
         t = time.perf_counter()
@@ -48,7 +48,7 @@ def run_threaded() -> dict:
         finally:
             spans.append((t, time.perf_counter()))
 
-    e.llm.engine.step = timed_step
+    e.core.engine.step = timed_step
     events = {}
 
     async def main():

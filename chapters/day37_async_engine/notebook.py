@@ -46,9 +46,9 @@ from nanoserve.tokenizer import IncrementalDetokenizer
 torch.set_num_threads(1)
 SHAPE = dict(dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=4)
 offline_llm = LLM(SHIPPED, **SHAPE)
-engine = AsyncLLM(LLM(SHIPPED, **SHAPE))
+engine = AsyncLLM.from_options(SHIPPED, **SHAPE)
 engine.start()
-pool = engine.llm.engine.allocator
+pool = engine.core.engine.allocator
 
 # %% [markdown]
 # ## 1. Twelve streams, one loop
@@ -233,7 +233,7 @@ run_sync(burst())
 # flight; they finish, and a new request is refused.
 
 # %%
-dead = AsyncLLM(offline_llm)
+dead = AsyncLLM(offline_llm.core)
 
 
 def broken():

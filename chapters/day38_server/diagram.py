@@ -5,7 +5,8 @@
 writes build/figures/day38_server/request-path.png: the event-loop side (FastAPI, the tokenizer,
 the fan-out of n engine requests), the two doors into and out of the engine thread (the inbox
 and ``call_soon_threadsafe``), and the engine side (core.step: scheduler, model, detokenizer).
-Nothing is measured; the boxes name the functions in nanoserve/server.py and async_engine.py.
+Nothing is measured; the boxes name the functions in nanoserve/entrypoints/openai/ and
+async_engine.py.
 """
 
 import pathlib

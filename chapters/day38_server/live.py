@@ -1,10 +1,11 @@
 """A real nanoserve server on 127.0.0.1, in this process, for the serving chapters (38-40).
 
 Why this module exists: the serving days' numbers come from real HTTP against the real server:
-``build_app`` over an ``AsyncLLM`` over the shipped nanoserve-tiny, served by uvicorn on a free
-port of 127.0.0.1 in a background thread. ``live_server()`` starts it, waits for ``/health``,
-yields a handle, and always stops it; the pool is checked on the way out. Days 39 and 40 import
-it from here. It is not a snapshot: it drives the live package on purpose.
+``build_app`` (``nanoserve/entrypoints/openai/app.py``) over an ``AsyncLLM`` built from an
+``EngineConfig`` for the shipped nanoserve-tiny, served by uvicorn on a free port of 127.0.0.1 in
+a background thread. ``live_server()`` starts it, waits for ``/health``, yields a handle, and
+always stops it; the pool is read from ``engine.snapshot()``. Days 39, 40, 46 and 47 import it
+from here. It is not a snapshot: it drives the live package on purpose.
 
     with live_server(max_num_seqs=4) as live:
         httpx.get(live.url + "/v1/models").json()
@@ -13,10 +14,10 @@ it from here. It is not a snapshot: it drives the live package on purpose.
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from chapters.common import SHIPPED
 
@@ -26,16 +27,22 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n
 MODEL_NAME = "nanoserve-tiny"
 
 
+class PoolReading(NamedTuple):
+    num_free: int
+    num_blocks: int
+
+
 @dataclass
 class Live:
     url: str
-    engine: object  # the AsyncLLM
-    llm: object  # the LLM under it
+    engine: object  # the AsyncLLM; its core is engine.core, the model runner engine.core.engine
     app: object  # the FastAPI app
 
     @property
-    def pool(self):
-        return self.llm.engine.allocator
+    def pool(self) -> PoolReading:
+        """The KV pool now, from the engine's snapshot."""
+        snap = self.engine.snapshot()
+        return PoolReading(snap.num_free_blocks, snap.num_blocks)
 
     def idle(self, timeout: float = 10.0) -> bool:
         """Wait (bounded) until nothing runs or waits and every block is free."""
@@ -49,12 +56,6 @@ class Live:
         return False
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def live_server(max_num_seqs: int = 4, num_kv_blocks: int = 64, block_size: int = 4,
                 max_waiting: int | None = None, api_key: str | None = None,
@@ -65,14 +66,15 @@ def live_server(max_num_seqs: int = 4, num_kv_blocks: int = 64, block_size: int 
     import uvicorn
 
     from nanoserve.async_engine import AsyncLLM
-    from nanoserve.llm import LLM
-    from nanoserve.server import build_app
+    from nanoserve.bench.local_server import free_port
+    from nanoserve.config import EngineConfig
+    from nanoserve.entrypoints.openai.app import build_app
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    llm = LLM(SHIPPED, dtype="float32", block_size=block_size, num_kv_blocks=num_kv_blocks,
-              max_num_seqs=max_num_seqs)
-    engine = AsyncLLM(llm, max_waiting=max_waiting)
+    config = EngineConfig(SHIPPED, dtype="float32", block_size=block_size,
+                          num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs)
+    engine = AsyncLLM(config, max_waiting=max_waiting)
     app = build_app(engine, MODEL_NAME, api_key=api_key, chat_template=CHAT_TEMPLATE,
                     max_body_bytes=max_body_bytes)
     port = free_port()
@@ -92,7 +94,7 @@ def live_server(max_num_seqs: int = 4, num_kv_blocks: int = 64, block_size: int 
             if time.monotonic() > deadline or not thread.is_alive():
                 raise RuntimeError("the server did not turn healthy within 60 s")
             time.sleep(0.05)
-        yield Live(url, engine, llm, app)
+        yield Live(url, engine, app)
     finally:
         server.should_exit = True
         thread.join(timeout=30)

@@ -97,10 +97,9 @@ def run() -> dict:
 
     r: dict = {}
     with live_server(max_num_seqs=4, num_kv_blocks=64, block_size=4) as live:
-        cfg = live.llm.config
-        cases = bad_requests(seed=SEED, vocab_size=cfg.vocab_size,
-                             max_model_len=live.llm.max_model_len)
-        r["vocab"], r["max_len"] = cfg.vocab_size, live.llm.max_model_len
+        vocab, max_len = live.engine.vocab_size, live.engine.max_model_len
+        cases = bad_requests(seed=SEED, vocab_size=vocab, max_model_len=max_len)
+        r["vocab"], r["max_len"] = vocab, max_len
         r["cases"] = cases
         r["order"] = list(CATEGORIES)
         t = time.perf_counter()
@@ -114,7 +113,7 @@ def run() -> dict:
             r["answers"] = [(a.status_code, a.content) for a in r["answers"]]
             r["opened"] = added() - a0
             r["bugs"] = _first_bugs(live, c)
-            frozen = compact_cases(cfg.vocab_size, live.llm.max_model_len)
+            frozen = compact_cases(vocab, max_len)
             r["frozen"] = [(cat, c.post(path, content=body, headers=dict(h)))
                            for cat, path, h, body in frozen]
             r["frozen"] = [(cat, a.status_code, a.content) for cat, a in r["frozen"]]

@@ -48,7 +48,7 @@ print("serving on", live.url)
 # deduplicated and shuffled with the seed; the same seed always gives the same list.
 
 # %%
-vocab, ctx_len = live.llm.config.vocab_size, live.llm.max_model_len
+vocab, ctx_len = live.engine.vocab_size, live.engine.max_model_len
 cases = bad_requests(seed=46, vocab_size=vocab, max_model_len=ctx_len)
 counts = collections.Counter(k.category for k in cases)
 print(len(cases), "cases")

@@ -104,7 +104,7 @@ def _overload(live) -> dict:
 def _fault(live) -> dict:
     import httpx
 
-    eng, hook = live.engine, live.llm.engine
+    eng, hook = live.engine, live.engine.core.engine
     r: dict = {"plain": {}, "streamed": {}}
     failed = eng.core.counters.requests_failed
 

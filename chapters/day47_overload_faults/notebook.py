@@ -99,7 +99,7 @@ for t in longs:
 
 # %%
 live.idle()
-hook = live.llm.engine
+hook = live.engine.core.engine
 out = {}
 
 

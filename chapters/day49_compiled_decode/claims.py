@@ -10,7 +10,6 @@ backend registered with dynamo, which keeps the graph it is handed and runs it e
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import time
 
@@ -64,13 +63,13 @@ def buckets_agree() -> str:
 def defaults() -> str:
     import argparse
 
-    from nanoserve import LLM
-    from nanoserve.serve import add_arguments
+    from nanoserve.config import EngineConfig
+    from nanoserve.entrypoints.openai.serve import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
     serve = "--compile" if p.parse_args([]).compile else "--no-compile"
-    return f"compile={inspect.signature(LLM).parameters['compile'].default}; {serve}"
+    return f"compile={EngineConfig.default('compile')}; {serve}"
 
 
 def refusal() -> str:

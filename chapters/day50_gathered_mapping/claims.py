@@ -12,7 +12,6 @@ runs the package's ``LLM`` with both reads; the life rows drive the package's an
 from __future__ import annotations
 
 import functools
-import inspect
 import time
 
 import torch
@@ -121,13 +120,13 @@ def tokens() -> str:
 def flag() -> str:
     import argparse
 
-    from nanoserve import LLM
-    from nanoserve.serve import add_arguments
+    from nanoserve.config import EngineConfig
+    from nanoserve.entrypoints.openai.serve import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
     (action,) = [a for a in p._actions if a.dest == "attention"]
-    default = inspect.signature(LLM).parameters["attention"].default
+    default = EngineConfig.default("attention")
     return f"{default}; {', '.join(action.choices)}; {action.default}"
 
 

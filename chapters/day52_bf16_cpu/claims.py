@@ -4,7 +4,7 @@ bf16 logits move from transformers' fp32 ones, and what bf16 buys a decode step 
 Flag rows feed chosen flag sets to the package (``nanoserve.weights.cpu_flags`` swapped for the
 duration) and hold it against the frozen rule, so they read the same on any machine. Error rows
 run nanoserve-tiny against transformers' own Llama on the same folder. The timed row uses random
-weights in SmolLM2-135M's shape (``nanoserve.bench.offline.shape_checkpoint``).
+weights in SmolLM2-135M's shape (``nanoserve.bench.shapes.shape_checkpoint``).
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def decode_speedup(requests: int = 64, steps: int = 8, rounds: int = 3) -> float
     """bf16 over fp32 decode throughput: two engines on one checkpoint, the same requests,
     decode steps timed (the prefill is not), rounds interleaved."""
     from nanoserve import LLM, SamplingParams
-    from nanoserve.bench.offline import shape_checkpoint
+    from nanoserve.bench.shapes import shape_checkpoint
 
     d = shape_checkpoint("smollm2-135m")
     g = torch.Generator().manual_seed(52)

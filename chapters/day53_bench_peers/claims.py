@@ -39,8 +39,8 @@ def accounting() -> dict[str, int]:
 
 
 def package_agrees() -> str:
-    from nanoserve.bench.offline import make_workload as live
-    from nanoserve.bench.offline import wave_accounting as live_accounting
+    from nanoserve.bench.workload import make_workload as live
+    from nanoserve.bench.workload import wave_accounting as live_accounting
 
     mine, theirs = make_workload(REQUESTS), live(REQUESTS)
     same = (mine.prompts == theirs.prompts and mine.max_tokens == theirs.max_tokens
@@ -51,7 +51,9 @@ def package_agrees() -> str:
 @functools.cache
 def reduced() -> dict[str, dict]:
     from chapters.common import one_thread
-    from nanoserve.bench.offline import Setup, make_workload, run_offline
+    from nanoserve.bench.adapters import Setup
+    from nanoserve.bench.runner import run_offline
+    from nanoserve.bench.workload import make_workload
     from nanoserve.llm import DEFAULT_MODEL
 
     wl = make_workload(**REDUCED)

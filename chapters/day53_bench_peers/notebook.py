@@ -32,7 +32,9 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 from chapters.common import SHIPPED
-from nanoserve.bench.offline import Setup, make_workload, run_offline, wave_accounting
+from nanoserve.bench.adapters import Setup
+from nanoserve.bench.runner import run_offline
+from nanoserve.bench.workload import make_workload, wave_accounting
 
 torch.set_num_threads(1)
 

@@ -1,9 +1,12 @@
 """Day 56's numbers: which entry point takes which speed option, how an unset
 ``--persistent-batch`` resolves, and greedy tokens across every combination of the switches.
 
-The flag rows parse real command lines with ``nanoserve.serve.add_arguments`` and hold
-``speed_options`` against the frozen rule; the token rows run nanoserve-tiny in float32 on one
-thread (8 requests, 4 slots, generation lengths 4/8/16/32, EOS ignored).
+The flag rows parse real command lines with ``nanoserve serve``'s parser
+(``nanoserve.entrypoints.openai.serve.add_arguments``, whose engine flags are
+``EngineConfig.add_cli_args``) and hold what ``EngineConfig.from_cli_args`` resolves (the row
+still named for Day 56's ``speed_options``) against the frozen rule; the token rows run
+nanoserve-tiny in float32 on one thread (8 requests, 4 slots, generation lengths 4/8/16/32, EOS
+ignored).
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ from chapters.runner import exact
 
 from .snapshot import flags as snap
 
-SPEED_DESTS = ("compile", "attention", "cuda_graphs", "persistent_batch")
+SPEED_DESTS = ("compile", "attention", "cuda_graphs", "compact_rows")  # --persistent-batch's
 PERSISTENT = {None: (), True: ("--persistent-batch",), False: ("--no-persistent-batch",)}
 PROMPTS = [[0, 5 + i, 9, 11] for i in range(8)]
 GEN = (4, 8, 16, 32)
 
 
 def parser() -> argparse.ArgumentParser:
-    from nanoserve.serve import add_arguments
+    from nanoserve.entrypoints.openai.serve import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -46,14 +49,17 @@ def speed_params(fn) -> str:
 
 
 def keywords() -> str:
-    from nanoserve import LLM
+    """What each layer takes: ``EngineConfig`` its fields (the flags become them, and ``LLM``
+    and ``AsyncLLM.from_options`` take exactly those names), the engine and its core their
+    constructors' keywords."""
+    from nanoserve.config import EngineConfig
     from nanoserve.core import EngineCore
     from nanoserve.engine import Engine
-    from nanoserve.serve import build_engine
 
-    return "; ".join(f"{name}: {speed_params(fn)}" for name, fn in
-                     (("build_engine", build_engine), ("LLM", LLM), ("Engine", Engine),
-                      ("EngineCore", EngineCore)))
+    fields = ", ".join(n for n in EngineConfig.names() if n in snap.SPEED_KEYWORDS)
+    return "; ".join([f"EngineConfig: {fields}", f"LLM: {fields}",
+                      *(f"{name}: {speed_params(fn)}" for name, fn in
+                        (("Engine", Engine), ("EngineCore", EngineCore)))])
 
 
 def defaults() -> str:
@@ -62,9 +68,13 @@ def defaults() -> str:
 
 
 def resolved(argv: tuple[str, ...]) -> dict:
-    from nanoserve.serve import speed_options
+    """The four keywords a command line asks for: the config ``EngineConfig.from_cli_args``
+    builds, with ``persistent_batch`` (where an unset ``--persistent-batch`` is resolved)."""
+    from nanoserve.config import EngineConfig
 
-    return speed_options(parser().parse_args(list(argv)))
+    cfg = EngineConfig.from_cli_args(parser().parse_args(list(argv)))
+    return {"compile": cfg.compile, "attention": cfg.attention, "cuda_graphs": cfg.cuda_graphs,
+            "compact_rows": cfg.persistent_batch}
 
 
 def unset() -> str:
@@ -105,12 +115,14 @@ def llm_follows() -> str:
 
 
 def build_engine_unbundled() -> str:
-    from nanoserve.serve import build_engine
+    from nanoserve.config import EngineConfig
+    from nanoserve.entrypoints.openai.serve import build_engine
 
-    llm = build_engine(SHIPPED, cuda_graphs=True, compact_rows=False, dtype="float32",
-                       max_model_len=64, skip_tokenizer_init=True).llm
-    windows = "windows on" if llm.engine.graphs is not None else "windows off"
-    return f"{windows}, compactor mode {llm.core.scheduler.compactor.mode!r}"
+    core = build_engine(EngineConfig(SHIPPED, cuda_graphs=True, compact_rows=False,
+                                     dtype="float32", max_model_len=64,
+                                     skip_tokenizer_init=True)).core
+    windows = "windows on" if core.engine.graphs is not None else "windows off"
+    return f"{windows}, compactor mode {core.scheduler.compactor.mode!r}"
 
 
 @functools.cache

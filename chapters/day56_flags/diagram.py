@@ -3,10 +3,10 @@
     python chapters/day56_flags/diagram.py
 
 writes build/figures/day56_flags/flags.png. Left: the speed flags of ``nanoserve serve`` going
-through ``speed_options`` into the keywords of ``build_engine`` and ``LLM``, then splitting by
-owner (the engine computes a step; the engine core's scheduler decides rows). Right: the
-tri-state ``--persistent-batch`` resolved by the frozen rule for each state of
-``--cuda-graphs``. Nothing is timed and no model is loaded.
+through ``EngineConfig`` (whose ``persistent_batch`` is the one rule) into ``LLM`` and
+``AsyncLLM``, then splitting by owner (the engine computes a step; the engine core's scheduler
+decides rows). Right: the tri-state ``--persistent-batch`` resolved by the frozen rule for each
+state of ``--cuda-graphs``. Nothing is timed and no model is loaded.
 """
 
 import pathlib
@@ -19,7 +19,7 @@ from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from chapters.day56_flags.snapshot.flags import resolve  # noqa: E402
 from diagrams import COLORS, box, figure, save  # noqa: E402
 
-FLAGS = ["--compile / --no-compile", "--attention", "--cuda-graphs",
+FLAGS = ["--compile / --no-compile", "--attention", "--cuda-graphs /\n--no-cuda-graphs",
          "--persistent-batch /\n--no-persistent-batch"]
 KEYWORDS = ["compile", "attention", "cuda_graphs", "compact_rows"]
 
@@ -37,16 +37,16 @@ def wiring(ax) -> None:
     for y, flag in zip(ys, FLAGS, strict=True):
         box(ax, 0.0, y - 0.38, 2.3, 0.76, flag, "muted", fontsize=8, text_color=COLORS["ink"])
         arrow(ax, (2.3, y), (3.2, 2.55))
-    box(ax, 3.2, 1.7, 1.9, 1.7, "speed_options\n\nunset persistent\nbatch follows\n"
+    box(ax, 3.2, 1.7, 1.9, 1.7, "EngineConfig\n\nunset persistent\nbatch follows\n"
         "--cuda-graphs", "highlight", fontsize=8.5, text_color=COLORS["ink"])
-    box(ax, 5.8, 1.95, 1.7, 1.2, "build_engine\nLLM\n(4 keywords)", "compute", fontsize=8.5)
+    box(ax, 5.8, 1.95, 1.7, 1.2, "LLM\nAsyncLLM\n(4 fields)", "compute", fontsize=8.5)
     arrow(ax, (5.1, 2.55), (5.8, 2.55))
     box(ax, 8.2, 3.3, 2.1, 1.2, "Engine\ncompile, attention,\ncuda_graphs", "compute",
         fontsize=8)
     box(ax, 8.2, 0.6, 2.1, 1.2, "EngineCore\n(scheduler)\ncompact_rows", "memory", fontsize=8)
     arrow(ax, (7.5, 2.8), (8.2, 3.9))
     arrow(ax, (7.5, 2.3), (8.2, 1.2))
-    ax.text(5.2, -0.4, "the only bundling: one rule, on the command line", ha="center",
+    ax.text(5.2, -0.4, "the only bundling: one rule, EngineConfig.persistent_batch", ha="center",
             fontsize=9, color=COLORS["ink"])
     ax.set_title("Each speed option is its own switch", loc="left", fontsize=11.5)
 

@@ -7,8 +7,9 @@
 # %% [markdown]
 # # Day 56 notebook: four switches, one rule
 #
-# The speed options of `nanoserve serve` are separate flags, and only `speed_options` lets one
-# of them imply another. This notebook, in about fifteen seconds on a CPU:
+# The speed options of `nanoserve serve` are separate flags, and only
+# `EngineConfig.persistent_batch` lets one of them imply another. This notebook, in about
+# fifteen seconds on a CPU:
 #
 # 1. parses command lines with the server's own parser and prints what each resolves to;
 # 2. builds the configuration a bundled library could not: windows over free rows;
@@ -32,7 +33,8 @@ import torch
 from chapters.common import SHIPPED
 from chapters.day56_flags.snapshot.flags import resolve
 from nanoserve import LLM, SamplingParams
-from nanoserve.serve import add_arguments, build_engine, speed_options
+from nanoserve.config import EngineConfig
+from nanoserve.entrypoints.openai.serve import add_arguments, build_engine
 
 torch.set_num_threads(1)
 parser = argparse.ArgumentParser(prog="nanoserve serve")
@@ -41,16 +43,19 @@ add_arguments(parser)
 # %% [markdown]
 # ## 1. Command lines, resolved
 #
-# `--persistent-batch` and `--no-persistent-batch` write one attribute whose default is
-# `None`. `speed_options` is the only code that turns `None` into a boolean.
+# `--persistent-batch` and `--no-persistent-batch` write one attribute, `compact_rows`, whose
+# default is `None`. `EngineConfig.persistent_batch` is the only code that turns `None` into a
+# boolean.
 
 # %%
 for argv in ([], ["--cuda-graphs"], ["--cuda-graphs", "--no-persistent-batch"],
              ["--persistent-batch"], ["--no-persistent-batch"],
              ["--compile", "--attention", "reference"]):
     args = parser.parse_args(argv)
-    print(f"{' '.join(argv) or '(no flags)':42s} persistent_batch={args.persistent_batch!s:5s}"
-          f" -> {speed_options(args)}")
+    cfg = EngineConfig.from_cli_args(args)
+    print(f"{' '.join(argv) or '(no flags)':42s} compact_rows={args.compact_rows!s:5s} -> "
+          f"compile={cfg.compile}, attention={cfg.attention}, cuda_graphs={cfg.cuda_graphs}, "
+          f"persistent_batch={cfg.persistent_batch}")
 
 # %% [markdown]
 # The frozen rule says the same in one line: follow the graphs unless told.
@@ -63,16 +68,15 @@ for pb in (None, True, False):
 # %% [markdown]
 # ## 2. The control run a bundled library could not build
 #
-# Below the command line nothing implies anything: asking `build_engine` for windows over free
-# rows gets exactly that. Day 58 needed this arm to show that the persistent batch, not the
-# windows, is what lifts the replay share.
+# Below the command line nothing implies anything: asking `build_engine` (with a config) for
+# windows over free rows gets exactly that. Day 58 needed this arm to show that the persistent
+# batch, not the windows, is what lifts the replay share.
 
 # %%
-engine = build_engine(SHIPPED, cuda_graphs=True, compact_rows=False, dtype="float32",
-                      max_model_len=64, skip_tokenizer_init=True)
-llm = engine.llm
-print("windows:", llm.engine.graphs)
-print("compactor:", llm.core.scheduler.compactor)
+engine = build_engine(EngineConfig(SHIPPED, cuda_graphs=True, compact_rows=False,
+                                   dtype="float32", max_model_len=64, skip_tokenizer_init=True))
+print("windows:", engine.core.engine.graphs)
+print("compactor:", engine.core.scheduler.compactor)
 
 # %% [markdown]
 # ## 3. A few combinations, side by side

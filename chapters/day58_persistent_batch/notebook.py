@@ -36,14 +36,16 @@ import torch
 from chapters.common import SHIPPED
 from nanoserve import LLM
 from nanoserve.bench import graphbench
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.compact import (
+from nanoserve.bench.gates import (
     GateFailed,
-    RowCompactor,
-    RowMove,
     check_arm_replayed_every_step,
     check_moves_amortised,
     check_moves_minimal,
+)
+from nanoserve.block_allocator import BlockAllocator
+from nanoserve.compact import (
+    RowCompactor,
+    RowMove,
     holes,
     is_compact,
     move_cells,

@@ -25,7 +25,7 @@ LLAMA = dict(num_q_heads=32, num_kv_heads=8, head_dim=64, dtype_bytes=2)  # Llam
 
 
 def kernels():
-    """nanoserve.kernels (which turns the interpreter on before triton is imported)."""
+    """nanoserve.kernels, under the interpreter that chapters.runner chose on import."""
     return importlib.import_module("nanoserve.kernels")
 
 

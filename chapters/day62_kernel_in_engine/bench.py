@@ -8,7 +8,7 @@ On a CUDA machine this times ``nanoserve.kernels.paged_attention`` against
 heads, head_dim 64, bf16, 16-token blocks) at 64 rows × 1,024 tokens (one pass) and 1 row ×
 4,096 (split-K), best of interleaved rounds of CUDA-event timings, and measures the bf16
 kernel's worst relative error against the float32 reference over every bf16 configuration of
-``nanoserve.kernels.aot``. It writes the results file Day 62's gpu claims read, naming device,
+``tools.kernel_aot``. It writes the results file Day 62's gpu claims read, naming device,
 torch, CUDA, date and command. The chapter's claims call ``measure_on_card`` directly when a
 card is present. On a CPU, ``--smoke`` runs the same code on a toy float32 shape (interpreter),
 to check the plumbing; it writes nothing.
@@ -87,9 +87,9 @@ def speedup(rows: int, ctx: int, device: str, rounds: int = 5, reps: int = 20,
 
 def bf16_error(device: str, configs=None) -> float:
     """Worst relative error of the bf16 kernel against the float32 reference, decode and
-    prefill, one pass and split, over ``nanoserve.kernels.aot``'s bf16 configurations."""
+    prefill, one pass and split, over ``tools.kernel_aot``'s bf16 configurations."""
     from nanoserve.kernels import paged_attention
-    from nanoserve.kernels.aot import configurations
+    from tools.kernel_aot import configurations
 
     worst = 0.0
     for c in configs or configurations(("bfloat16",)):
@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--smoke", action="store_true", help="a toy shape on this machine")
     args = ap.parse_args(argv)
     if args.smoke:
-        from nanoserve.kernels.aot import configurations
+        from tools.kernel_aot import configurations
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         # float32 on a CPU: the interpreter does not run the bf16 kernel faithfully

@@ -110,11 +110,11 @@ def prefill_reads() -> str:
 
 @functools.cache
 def compile_all() -> tuple[int, int, bool]:
-    """``python -m nanoserve.kernels.aot`` in a subprocess without the interpreter, as the tests
+    """``python -m tools.kernel_aot`` in a subprocess without the interpreter, as the tests
     run it: (compiled, jobs, every compiled job reached a cubin). Once per process; Triton's
     cache (~/.triton/cache) makes a rerun of unchanged kernels quick."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    run = subprocess.run([sys.executable, "-m", "nanoserve.kernels.aot"], env=env, cwd=ROOT,
+    run = subprocess.run([sys.executable, "-m", "tools.kernel_aot"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     lines = run.stdout.strip().splitlines()
     m = re.match(r"(\d+)/(\d+) compiled for GPUTarget\(backend='cuda', arch=90", lines[-1])
@@ -130,7 +130,7 @@ def compiled() -> str:
 
 
 def configs_agree() -> str:
-    from nanoserve.kernels.aot import jobs
+    from tools.kernel_aot import jobs
 
     def plain(job):
         kind, args = job

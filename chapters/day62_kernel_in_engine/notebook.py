@@ -28,6 +28,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch
 
+from nanoserve.triton_mode import use_interpreter
+
+use_interpreter()  # no CUDA here: Triton's interpreter, chosen before anything imports triton
+
 import nanoserve.kernels
 import nanoserve.paged
 from chapters.common import hf_checkpoint
