@@ -30,6 +30,9 @@ import heapq
 
 
 class BlockAllocator:
+    caching = False  # a prefix-caching pool (Day 43) is prefix_cache.CachingBlockAllocator
+    evictions = 0  # cached blocks given up for new K/V: never, in a pool that caches nothing
+
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} "

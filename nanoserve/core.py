@@ -55,9 +55,9 @@ import torch
 from .engine import Engine
 from .request import Request, RequestMetrics, RequestState
 from .sampling import SamplingParams
-from .scheduler import Scheduler, door_check
+from .scheduler import Scheduler
 from .tokenizer import IncrementalDetokenizer, Tokenizer
-from .validation import InvalidRequest, check_prompt_ids
+from .validation import InvalidRequest, check_prompt_ids, door_check
 
 if TYPE_CHECKING:
     from .config import EngineConfig
@@ -121,6 +121,9 @@ class CoreSnapshot:
     decode_steps_replayed: int  # ... that replayed a recorded window (Day 57)
     decode_steps_scattered: int  # ... that ran the eager forward
     decode_windows: str | None  # "cuda graphs over buckets [...]" or None
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache (Day 44)
+    prefix_cache_hits: int  # ... found there
+    prefix_cache_evictions: int  # cached blocks given up for new K/V
 
     @property
     def kv_cache_usage(self) -> float:
@@ -134,7 +137,8 @@ class EngineCore:
     def __init__(self, engine: Engine, tokenizer: Tokenizer | None,
                  eos_token_ids: frozenset[int], max_model_len: int, vocab_size: int,
                  max_num_seqs: int, allocation: str = "incremental",
-                 compact_rows: bool = False):
+                 compact_rows: bool = False, max_num_batched_tokens: int | None = None,
+                 chunked_prefill: bool = True):
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -142,7 +146,9 @@ class EngineCore:
         self.vocab_size = vocab_size
         self.scheduler = Scheduler(engine.allocator, max_num_seqs, allocation=allocation,
                                    on_release=engine.release_row, compact_rows=compact_rows,
-                                   on_move=engine.move_row)
+                                   on_move=engine.move_row,
+                                   max_num_batched_tokens=max_num_batched_tokens,
+                                   chunked_prefill=chunked_prefill)
         self.requests: dict[str, _Tracked] = {}  # live: added and not yet reported finished
         self.driver: str | None = None  # who steps this core; a second driver is refused
         self.counters = CoreCounters()
@@ -155,7 +161,10 @@ class EngineCore:
         loaded = load_engine(config)
         core = cls(loaded.engine, loaded.tokenizer, loaded.eos_token_ids, loaded.max_model_len,
                    loaded.model_config.vocab_size, config.max_num_seqs, config.allocation,
-                   compact_rows=config.persistent_batch)
+                   compact_rows=config.persistent_batch,
+                   max_num_batched_tokens=config.resolve_max_num_batched_tokens(
+                       loaded.max_model_len),
+                   chunked_prefill=config.enable_chunked_prefill)
         core.loaded = loaded
         return core
 
@@ -225,7 +234,7 @@ class EngineCore:
         now = time.perf_counter()
         for r in out.finished:
             r.metrics.finished_time = now
-        scheduled = out.admitted + out.decode
+        scheduled = out.scheduled
         if not scheduled:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("the scheduler made no progress with requests waiting")
@@ -316,7 +325,8 @@ class EngineCore:
                             pool.block_size, sched.preemptions, c.iterations, c.requests_added,
                             c.requests_finished, c.requests_failed,
                             MappingProxyType(dict(c.by_reason)), rc.decode_steps, rc.replayed,
-                            rc.scattered, windows)
+                            rc.scattered, windows, sched.prefix_cache_queries,
+                            sched.prefix_cache_hits, pool.evictions)
 
     def check_drained(self) -> None:
         """After a drain every block is back in the pool and every slot is free."""

@@ -35,6 +35,7 @@ from .block_allocator import BlockAllocator
 from .config import PREFILL_POLICIES
 from .graphs import DecodeGraphs, ReplayCounters
 from .paged import BatchedPagedKVCache
+from .prefix_cache import CachingBlockAllocator
 from .request import Request
 from .sampling import sample_requests
 
@@ -49,13 +50,15 @@ class Engine:
     def __init__(self, model, num_kv_blocks: int, block_size: int, max_num_seqs: int,
                  max_model_len: int, fail_on_step: frozenset[int] = frozenset(),
                  prefill: str = "packed", attention: str = "gathered",
-                 compile: bool | str = False, cuda_graphs: bool = False):
+                 compile: bool | str = False, cuda_graphs: bool = False,
+                 prefix_caching: bool = False):
         if prefill not in PREFILL_POLICIES:
             raise ValueError(f"prefill={prefill!r}; choose one of {PREFILL_POLICIES}")
         self.model = model
         self.device = model.embed_tokens.weight.device
         self.prefill_policy = prefill  # "packed": one stream; "padded": Day 27's rectangle
-        self.allocator = BlockAllocator(num_kv_blocks, block_size)
+        pool = CachingBlockAllocator if prefix_caching else BlockAllocator  # Day 43
+        self.allocator = pool(num_kv_blocks, block_size)
         self.cache = BatchedPagedKVCache.for_model(model, num_kv_blocks, block_size,
                                                    max_num_seqs, max_model_len, attention)
         self.forward_passes = 0
@@ -174,8 +177,10 @@ class Engine:
         to the empty row ``dst``. A relabel of tables and addressing; no K/V is copied."""
         return self.cache.move_row(src, dst)
 
-    def _run(self, requests: list[Request], token_lists: list[list[int]],
-             prefill: bool) -> list[Request]:
+    def _run(self, requests: list[Request], token_lists: list[list[int]], prefill: bool,
+             sample: list[bool] | None = None) -> list[Request]:
+        """One forward over ``requests`` (each its row), then a token for each row whose
+        ``sample`` is true (all by default): a chunk short of its prompt's end emits none."""
         for r in requests:
             self.sync_blocks(r)
         rows = [r.slot for r in requests]
@@ -183,20 +188,41 @@ class Engine:
             logits = self.prefill(rows, token_lists)  # (B, V)
         else:
             logits = self.decode(rows, [t for (t,) in token_lists])  # (B, V)
+        if sample is not None and not all(sample):
+            keep = [b for b, s in enumerate(sample) if s]
+            if not keep:
+                return []
+            requests = [requests[b] for b in keep]
+            logits = logits[torch.tensor(keep, device=logits.device)]  # (B', V)
         tokens = sample_requests(logits, requests)
         return [r for r, t in zip(requests, tokens, strict=True) if r.append_token(t)]
 
     def step(self, out) -> list[Request]:
-        """One iteration: prefill the admitted, decode the running; returns who finished."""
+        """One iteration: prefill the chunks, decode the running; returns who finished.
+
+        Chunked prefill (``out.mixed``, Day 41) puts both in one packed forward: each chunk's
+        tokens, then each decode's one token, every row at its own positions. A step with no
+        chunk is a plain decode step, so it still replays a recorded window; a mixed step runs
+        eagerly. Without it, prefill and decode are two forwards, as before the budget."""
         self.steps += 1
         if self.steps in self.fail_on_step:
             raise InjectedFault(f"injected fault on engine step {self.steps}")
+        chunks = out.chunks
+        for c in chunks:  # a prefix hit: the row starts with cached blocks it did not compute
+            if self.cache.lengths[c.request.slot] != c.start:
+                self.sync_blocks(c.request)
+                self.cache.adopt_prefix(c.request.slot, c.start)
+        tokens = [c.request.token_ids[c.start:c.start + c.n] for c in chunks]
+        decode_tokens = [[r.output_token_ids[-1]] for r in out.decode]
+        if out.mixed and chunks and out.decode:
+            return self._run([c.request for c in chunks] + out.decode, tokens + decode_tokens,
+                             True, [c.completes for c in chunks] + [True] * len(out.decode))
         finished = []
-        if out.admitted:  # the prefill runs over token_ids: all a request's tokens so far
-            finished += self._run(out.admitted, [r.token_ids for r in out.admitted], True)
+        if chunks:
+            finished += self._run([c.request for c in chunks], tokens, True,
+                                  [c.completes for c in chunks])
         if out.decode:
-            finished += self._run(out.decode, [[r.output_token_ids[-1]] for r in out.decode],
-                                  False)
+            finished += self._run(out.decode, decode_tokens, False)
         return finished
 
     # ------------------------------------------------------------ static batches (Day 29)

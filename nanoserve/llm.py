@@ -96,6 +96,9 @@ class Stats:
     decode_steps: int = 0  # batched decode forwards (Day 57)
     decode_steps_replayed: int = 0  # ... that replayed a recorded window
     decode_steps_scattered: int = 0  # ... that fell through to the eager forward
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (Day 44)
+    prefix_cache_hits: int = 0  # ... found there, so not computed
+    prefix_cache_evictions: int = 0  # cached blocks given up for new K/V
 
     @property
     def replay_share(self) -> float:
@@ -203,7 +206,9 @@ class LLM:
         step until the core is drained. ``each_iteration(scheduler, iteration)``, if given, runs
         before every step (the stress test aborts requests and checks invariants there)."""
         core, sched = self.core, self.core.scheduler
-        before = (core.counters.iterations, sched.preemptions, sched.recomputed_tokens)
+        pool = core.engine.allocator
+        before = (core.counters.iterations, sched.preemptions, sched.recomputed_tokens,
+                  sched.prefix_cache_queries, sched.prefix_cache_hits, pool.evictions)
         for r in reqs:
             core.add(r)
         core.run_to_completion(each_iteration)
@@ -213,6 +218,9 @@ class LLM:
         self.stats.iterations += core.counters.iterations - before[0]
         self.stats.preemptions += sched.preemptions - before[1]
         self.stats.recomputed_tokens += sched.recomputed_tokens - before[2]
+        self.stats.prefix_cache_queries += sched.prefix_cache_queries - before[3]
+        self.stats.prefix_cache_hits += sched.prefix_cache_hits - before[4]
+        self.stats.prefix_cache_evictions += pool.evictions - before[5]
 
     def _next_wave(self, pending: deque[Request]) -> list[Request]:
         """Arrival order, up to max_num_seqs, while every member's worst case fits the pool."""

@@ -88,6 +88,7 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
         model.embed_tokens.weight.element_size())
     engine = Engine(model, num_kv_blocks, cfg.block_size, cfg.max_num_seqs, max_model_len,
                     fail_on_step=frozenset(cfg.fail_on_step), prefill=cfg.prefill,
-                    attention=cfg.attention, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs)
+                    attention=cfg.attention, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs,
+                    prefix_caching=cfg.enable_prefix_caching)
     return LoadedEngine(cfg, mc, tokenizer, model, device, dtype, why, prepacked, prepack_why,
                         frozenset(eos or mc.eos_token_ids), max_model_len, engine)

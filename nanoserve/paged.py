@@ -157,6 +157,16 @@ class BatchedPagedKVCache:
         self.invalidate_gathered(row)
         return self.tables[row].clear()
 
+    def adopt_prefix(self, row: int, n: int) -> None:
+        """An empty row takes its first ``n`` tokens' K/V as already in its blocks (a prefix
+        cache hit, Day 43): their cells are addressed and its length set, nothing computed."""
+        if self.lengths[row] or self._step is not None:
+            raise ValueError(f"row {row} holds {self.lengths[row]} tokens; only an empty row "
+                             f"between steps adopts a cached prefix")
+        self.slots.write(row, 0, self.tables[row].cells(0, n))
+        self.lengths[row] = n
+        self.invalidate_gathered(row)
+
     def invalidate_gathered(self, row: int | None = None) -> None:
         """The Day-50 gathered mapping forgets ``row`` (every row if None); the next decode step
         drops its chunks and, if the row is in that step, appends its context again. Call it
@@ -274,14 +284,7 @@ class BatchedPagedKVCache:
         if step.packed_lens is not None:
             if step.read_cells is None:  # every prompt starts at 0: its keys are the new ones
                 return packed_prefill_attention(q, k, v, step.packed_lens)
-            out, s = torch.empty_like(q), 0
-            for b, n in enumerate(step.packed_lens):
-                ctx = step.starts[b] + n
-                out[:, :, s:s + n] = paged_attention_batched_reference(
-                    q[:, :, s:s + n], kp, vp, step.read_cells[b:b + 1, :ctx],
-                    positions[:, s:s + n], step.context_lens[b:b + 1])
-                s += n
-            return out
+            return self._attend_mixed(q, k, v, kp, vp, positions, step)
         if step.blocks is not None:
             from .kernels import paged_attention
             return paged_attention(q, kp, vp, step.blocks, step.context_lens, self.block_size)
@@ -290,6 +293,42 @@ class BatchedPagedKVCache:
             return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b)[:, :, None]
         return paged_attention_batched_reference(q, kp, vp, step.read_cells, positions,
                                                  step.context_lens)
+
+    def _attend_mixed(self, q, k, v, kp, vp, positions, step: StepLayout) -> torch.Tensor:
+        """A packed stream whose rows do not all start empty: a continued prefill chunk, a
+        prompt after a cache hit, or decode rows riding along (Day 41). Runs of fresh prompts
+        go through the packed kernel (not under ``attention="reference"``), runs of one-token
+        rows through one batched read, and each continued chunk reads its own context.
+        q (1, Hq, N, D) -> (1, Hq, N, D)."""
+        out, lens, starts = torch.empty_like(q), step.packed_lens, step.starts
+        fresh_packed = self.attention != "reference"  # the reference reads every row itself
+        b, s, B = 0, 0, len(lens)
+        while b < B:
+            e = b + 1
+            if starts[b] == 0 and fresh_packed:  # fresh prompts: their keys are the new ones
+                while e < B and starts[e] == 0:
+                    e += 1
+                n = sum(lens[b:e])
+                out[:, :, s:s + n] = packed_prefill_attention(
+                    q[:, :, s:s + n], k[:, :, s:s + n], v[:, :, s:s + n], lens[b:e])
+            elif lens[b] == 1:  # one token per row: one (m, Hq, 1, D) batched read
+                while e < B and lens[e] == 1 and starts[e] > 0:
+                    e += 1
+                n = e - b
+                qd = q[0, :, s:s + n].transpose(0, 1)[:, :, None]  # (m, Hq, 1, D)
+                ctx = max(step.ctx[b:e])
+                got = paged_attention_batched_reference(
+                    qd, kp, vp, step.read_cells[b:e, :ctx], positions[0, s:s + n, None],
+                    step.context_lens[b:e])  # (m, Hq, 1, D)
+                out[0, :, s:s + n] = got[:, :, 0].transpose(0, 1)
+            else:  # a continued chunk: its new queries over everything its row holds
+                n = lens[b]
+                out[:, :, s:s + n] = paged_attention_batched_reference(
+                    q[:, :, s:s + n], kp, vp, step.read_cells[b:b + 1, :step.ctx[b]],
+                    positions[:, s:s + n], step.context_lens[b:b + 1])
+            s += n
+            b = e
+        return out
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()

@@ -102,6 +102,9 @@ class Request:
         self.state = RequestState.WAITING
         self.slot: int | None = None  # the batch row it occupies while running
         self.blocks: list[int] = []  # the KV blocks it holds
+        self.num_computed_tokens = 0  # tokens whose K/V is cached (scheduled counts as done)
+        self.block_hashes: list[bytes] = []  # chained hashes of its full blocks (Day 43)
+        self.num_cached_blocks = 0  # of its blocks, those the prefix cache can find
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None
         self.text = ""

@@ -17,6 +17,15 @@ All of that happens in ``schedule()``, in one order that matters:
 Reversed, a slot freed this iteration would sit idle until the next one: correct output, one
 wasted row per completion, and no correctness test would notice.
 
+Under a token budget (``max_num_batched_tokens``, Day 41) the same order spends it: one token
+for every running decode, then the prompt tokens of running prefills and newcomers, the last cut
+to what is left (``chunked_prefill``) or left waiting whole. A request keeps ``num_computed_tokens``
+(advanced when its tokens are scheduled) and emits nothing until its last chunk; ``Chunk`` names
+the work, ``SchedulerOutput.sampled`` who gets a token. Without a budget nothing changes.
+Over a prefix-caching pool (``prefix_cache.py``, Day 43) a newcomer starts from the longest run
+of its prompt's full blocks found cached, and the blocks each step fills are registered as it is
+scheduled.
+
 Admission needs two resources, checked separately because they run out for different reasons: a
 *slot* (a row of the batched cache, handed out lowest index first) and *KV blocks*. How many
 blocks is ``blocks_needed_for``, the only allocation rule, under one of two policies:
@@ -35,8 +44,8 @@ place, and inside ``schedule()`` because the rows it writes are storage that a c
 reads on every replay: between steps nothing is reading them. Off by default, and then nothing
 ever moves: a request keeps the row it was admitted to.
 
-A door check in ``add`` refuses any request whose worst case exceeds the whole empty pool: it
-could never be admitted, and waiting for it would hang.
+``add`` runs the door check (``validation.door_check``): a request whose worst case exceeds the
+whole empty pool could never be admitted, and waiting for it would hang.
 """
 
 from __future__ import annotations
@@ -44,39 +53,14 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from .block_allocator import BlockAllocator
 from .compact import RowCompactor, RowMove
 from .config import ALLOCATION_POLICIES
+from .prefix_cache import commit_blocks, match_prefix
 from .request import Request, RequestState
-from .validation import InvalidRequest
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    admitted: list[Request] = field(default_factory=list)  # need a prefill this iteration
-    decode: list[Request] = field(default_factory=list)  # running: one decode step each
-    finished: list[Request] = field(default_factory=list)  # released this call: answers ready
-    preempted: list[Request] = field(default_factory=list)  # sent back to waiting this call
-    moves: list[RowMove] = field(default_factory=list)  # rows relabelled this call (compact_rows)
-
-    @property
-    def num_scheduled(self) -> int:
-        return len(self.admitted) + len(self.decode)
-
-
-def door_check(allocator: BlockAllocator, request: Request, who: str) -> None:
-    """Refuse a request whose worst case exceeds the whole empty pool: it could never run, and
-    waiting for it would hang. Under incremental allocation it is also what guarantees that a
-    request left alone in the pool always fits."""
-    need = allocator.blocks_for_length(request.worst_case_tokens)
-    if need > allocator.num_blocks:
-        raise InvalidRequest(
-            f"{who}: prompt + max_tokens = {request.worst_case_tokens} tokens need {need} KV "
-            f"blocks; the pool has {allocator.num_blocks} of {allocator.block_size} tokens, so "
-            f"it could never run (raise num_kv_blocks or lower max_tokens)", "max_tokens",
-            request.worst_case_tokens)
+from .scheduler_output import Chunk, SchedulerOutput
+from .validation import door_check
 
 
 class Scheduler:
@@ -84,13 +68,21 @@ class Scheduler:
                  allocation: str = "reserve",
                  on_release: Callable[[Request], None] | None = None,
                  compact_rows: bool = False,
-                 on_move: Callable[[int, int], object] | None = None):
+                 on_move: Callable[[int, int], object] | None = None,
+                 max_num_batched_tokens: int | None = None, chunked_prefill: bool = True):
         if allocation not in ALLOCATION_POLICIES:
             raise ValueError(f"allocation={allocation!r}; choose one of {ALLOCATION_POLICIES}")
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if max_num_batched_tokens is not None and max_num_batched_tokens < max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is below "
+                             f"max_num_seqs={max_num_seqs}: a full batch could not decode")
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
+        # Day 41: None schedules as before the budget (whole prompts, admitted by slots and
+        # blocks alone); a number caps the tokens each step computes, decodes first.
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill and max_num_batched_tokens is not None
         self.allocation = allocation
         self.on_release = on_release
         # Day 58: "free" leaves every request in its row; "persistent" keeps rows 0..n-1 full.
@@ -107,8 +99,11 @@ class Scheduler:
         self.finished_total = 0
         self.blocked_on_slots = 0  # admission stopped: batch full, pool fine
         self.blocked_on_blocks = 0  # admission stopped: pool dry
+        self.blocked_on_budget = 0  # admission stopped: this step's tokens are spent (Day 41)
         self.preemptions = 0
         self.recomputed_tokens = 0  # tokens re-prefilled when preempted requests resume
+        self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache (Day 44)
+        self.prefix_cache_hits = 0  # ... of which were found cached
         self._arrivals = 0
 
     # ------------------------------------------------------------------ requests in
@@ -130,6 +125,8 @@ class Scheduler:
             self.waiting.remove(request)
             request.finish(reason)
         elif request.state is RequestState.RUNNING:
+            if reason == "error" and self.allocator.caching:  # its step never wrote its K/V
+                self.allocator.forget(request.blocks)
             request.finish(reason)
             self.running.remove(request)
             self._release(request)
@@ -151,40 +148,98 @@ class Scheduler:
         """Release the finished, then grow the running, then compact them, then admit what
         fits. The order is the point: growth before admission means a newcomer never takes the
         block a running request needs for its next token, and compaction between the two sweeps
-        the holes growth's preemptions opened without ever moving a newcomer."""
+        the holes growth's preemptions opened without ever moving a newcomer. Under a token
+        budget the same order spends it: running decodes, then running prefills, then
+        newcomers (``_schedule_budgeted``)."""
         self.schedule_calls += 1
         out = SchedulerOutput(finished=self._release_finished())
+        if self.max_num_batched_tokens is not None:
+            return self._schedule_budgeted(out)
         out.preempted = self._grow_running()
         out.moves = self._compact()
         out.decode = list(self.running)
-        out.admitted = self._admit()
+        self._commit(out)
+        out.chunks = self._admit()
+        out.admitted = [c.request for c in out.chunks]
         return out
 
-    def blocks_needed_for(self, request: Request) -> int:
+    def _schedule_budgeted(self, out: SchedulerOutput) -> SchedulerOutput:
+        """Spend ``max_num_batched_tokens`` (Day 41): every running decode one token first,
+        then running prefills first come first served, then newcomers; with chunked prefill the
+        last prompt that does not fit is cut to what is left, without it it waits whole."""
+        left = self.max_num_batched_tokens
+        plan: dict[Request, int] = {}
+        by_age = sorted(self.running, key=lambda r: r.arrival)
+        for r in by_age:  # decodes: budget >= max_num_seqs, so every one of them fits
+            if r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1:
+                plan[r] = 1
+                left -= 1
+        for r in by_age:  # prefills in progress, oldest first
+            if r not in plan and left > 0:
+                plan[r] = min(r.num_tokens - r.num_computed_tokens, left)
+                left -= plan[r]
+        out.preempted = self._grow_running(plan)
+        out.moves = self._compact()
+        for r in self.running:
+            n = plan.get(r)
+            if n is None:
+                continue  # planned nothing: the budget ran out before it
+            if n == 1 and r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1:
+                out.decode.append(r)
+            else:
+                out.chunks.append(Chunk(r, r.num_computed_tokens, n))
+        self._commit(out)
+        admitted = self._admit(self.max_num_batched_tokens - out.num_batched_tokens)
+        out.admitted = [c.request for c in admitted]
+        out.chunks += admitted
+        out.mixed = self.chunked_prefill
+        return out
+
+    def _commit(self, out: SchedulerOutput) -> None:
+        """The running's scheduled tokens count as computed; with prefix caching the blocks
+        they fill enter the map now, before admission, so a newcomer can share them."""
+        for c in out.chunks:
+            c.request.num_computed_tokens = c.start + c.n
+        for r in out.decode:
+            r.num_computed_tokens = r.num_tokens  # its last token's K/V lands this step
+        if self.allocator.caching:
+            for r in out.scheduled:
+                commit_blocks(self.allocator, r)
+
+    def blocks_needed_for(self, request: Request, upto: int | None = None) -> int:
         """The only allocation rule: blocks to add before this request's next forward.
 
         ``reserve`` (Week 8): the worst case, all at admission; 0 afterwards.
         ``incremental`` (Day 33): what its tokens occupy. A fresh request needs its prompt's
         blocks; a running one 0, or 1 on the step that crosses a block boundary; a preempted
-        one coming back needs its prompt plus everything it generated.
+        one coming back needs its prompt plus everything it generated. ``upto``: the tokens
+        cached once this step is done, when a budget cuts a prefill short (Day 41).
         """
         target = (request.worst_case_tokens if self.allocation == "reserve"
-                  else request.num_tokens)
+                  else request.num_tokens if upto is None else upto)
         return max(0, self.allocator.blocks_for_length(target) - len(request.blocks))
 
-    def _grow_running(self) -> list[Request]:
-        """Oldest first, give each running request the blocks its next token needs, taking
-        them from the youngest running request when the pool is dry. The oldest is never a
-        victim, so it always finishes and the pool always drains."""
+    def _grow_running(self, plan: dict[Request, int] | None = None) -> list[Request]:
+        """Oldest first, give each running request the blocks its next token needs (or, under
+        a budget, its planned tokens), taking them from the youngest running request when the
+        pool is dry. The oldest is never a victim, so it always finishes and the pool always
+        drains. A victim leaves the plan."""
         preempted: list[Request] = []
         for r in sorted(self.running, key=lambda r: r.arrival):
             if r.state is not RequestState.RUNNING:
                 continue  # preempted earlier in this pass
-            need = self.blocks_needed_for(r)
+            if plan is None:
+                need = self.blocks_needed_for(r)
+            elif r in plan:
+                need = self.blocks_needed_for(r, r.num_computed_tokens + plan[r])
+            else:
+                continue  # no tokens this step: nothing to grow
             while need > self.allocator.num_free:
                 victim = max(self.running, key=lambda v: v.arrival)  # the youngest
                 self._preempt(victim)
                 preempted.append(victim)
+                if plan is not None:
+                    plan.pop(victim, None)
                 if victim is r:  # nobody younger to evict: its own victim
                     break
             if r.state is RequestState.RUNNING and need:
@@ -217,6 +272,7 @@ class Scheduler:
         self.running.remove(victim)
         self._return_resources(victim)
         victim.transition(RequestState.WAITING)
+        victim.num_computed_tokens = victim.num_cached_blocks = 0  # its K/V left with its blocks
         victim.num_preemptions += 1
         self.waiting.appendleft(victim)
         self.preemptions += 1
@@ -241,25 +297,48 @@ class Scheduler:
             done.append(r)
         return done
 
-    def _admit(self) -> list[Request]:
+    def _admit(self, left: int | None = None) -> list[Chunk]:
+        """First come first served, never past a blocked head; each admitted with the prompt
+        tokens it computes this step, counted as computed (and, with prefix caching, its
+        blocks registered) at once, so the next newcomer of this step can hit them. ``left``:
+        what remains of the token budget (``None``: no budget, whole prompts)."""
         admitted = []
         while self.waiting:
             head = self.waiting[0]
             if not self._free_slots:
                 self.blocked_on_slots += 1
                 break
-            need = self.blocks_needed_for(head)
-            if not self.allocator.can_allocate(need):
+            hit = match_prefix(self.allocator, head) if self.allocator.caching else []
+            start = len(hit) * self.allocator.block_size  # a prefix hit is computed already
+            n = head.num_tokens - start
+            if left is not None:
+                if self.chunked_prefill:
+                    n = min(n, left)
+                if n < 1 or n > left:
+                    self.blocked_on_budget += 1
+                    break
+            need = self.blocks_needed_for(head, start + n) - len(hit)
+            if not self.allocator.can_allocate(need + (self.allocator.free_cost(hit)
+                                                       if hit else 0)):
                 self.blocked_on_blocks += 1
                 break  # FIFO: never look past a blocked head
             self.waiting.popleft()
-            if head.num_preemptions:  # resuming: its whole history is prefilled again
-                self.recomputed_tokens += head.num_tokens
-            head.blocks = self.allocator.allocate(need)
+            if head.num_preemptions:  # resuming: its history is prefilled again, bar hits
+                self.recomputed_tokens += head.num_tokens - start
+            if self.allocator.caching:
+                self.allocator.take(hit)
+                self.prefix_cache_queries += head.num_tokens
+                self.prefix_cache_hits += start
+            head.blocks = hit + self.allocator.allocate(need)
+            head.num_computed_tokens, head.num_cached_blocks = start + n, len(hit)
+            if self.allocator.caching:
+                commit_blocks(self.allocator, head)
             head.slot = heapq.heappop(self._free_slots)
             head.transition(RequestState.RUNNING)
             self.running.append(head)
-            admitted.append(head)
+            admitted.append(Chunk(head, start, n))
+            if left is not None:
+                left -= n
         self.admitted_total += len(admitted)
         return admitted
 

@@ -20,7 +20,8 @@ from chapters.runner import exact
 
 from .snapshot.core import EngineCore as SnapshotCore
 
-CRAMPED = dict(dtype="float32", block_size=4, num_kv_blocks=16, max_num_seqs=4)
+CRAMPED = dict(dtype="float32", block_size=4, num_kv_blocks=16, max_num_seqs=4,
+               enable_chunked_prefill=False)  # Day 36 counts whole-prompt steps
 ABORTS = {14: "r4", 24: "r9"}  # step -> request aborted just before it
 STOP_PROMPT, STOP = 'The "while" statement is used', "while_stmt"
 

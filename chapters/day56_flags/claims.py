@@ -143,7 +143,7 @@ def matrix() -> tuple[dict, ...]:
                 torch._dynamo.reset()  # each engine compiles its own buckets from scratch
             llm = LLM(SHIPPED, dtype="float32", max_num_seqs=4, max_model_len=64,
                       skip_tokenizer_init=True, compile=comp, attention=att,
-                      cuda_graphs=graphs, compact_rows=compact)
+                      cuda_graphs=graphs, compact_rows=compact, enable_chunked_prefill=False)
             tokens = [o.token_ids for o in llm.generate(PROMPTS, params)]
             runs.append({"compile": comp, "attention": att, "graphs": graphs,
                          "compact": compact, "tokens": tokens, "share": llm.stats.replay_share,

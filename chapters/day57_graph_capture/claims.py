@@ -62,7 +62,8 @@ def worst(compact: bool) -> dict:
 
     with one_thread():
         llm = LLM(SHIPPED, dtype="float32", max_num_seqs=SLOTS, max_model_len=64,
-                  skip_tokenizer_init=True, cuda_graphs=True, compact_rows=compact)
+                  skip_tokenizer_init=True, cuda_graphs=True, compact_rows=compact,
+                  enable_chunked_prefill=False)
         g = llm.engine.graphs
         before = g._current_addresses()
         llm.generate(PROMPTS, params())
@@ -205,7 +206,7 @@ def on_off() -> str:
         for graphs in (False, True):
             llm = LLM(SHIPPED, dtype="float32", block_size=4, max_num_seqs=6, max_model_len=64,
                       num_kv_blocks=20, compact_rows=True, cuda_graphs=graphs,
-                      skip_tokenizer_init=True)
+                      skip_tokenizer_init=True, enable_chunked_prefill=False)
             toks = [o.token_ids for o in llm.generate(prompts, ps)]
             s = llm.stats
             runs[graphs] = (toks, s.preemptions, llm.core.scheduler.compactor.moves,
@@ -225,7 +226,7 @@ def card() -> dict:
     from nanoserve import LLM
 
     kw = dict(device="cuda", dtype="float32", max_num_seqs=SLOTS, max_model_len=64,
-              skip_tokenizer_init=True)
+              skip_tokenizer_init=True, enable_chunked_prefill=False)
     eager = [o.token_ids for o in LLM(compact_rows=True, **kw).generate(PROMPTS, params())]
     llm = LLM(cuda_graphs=True, **kw)
     g = llm.engine.graphs

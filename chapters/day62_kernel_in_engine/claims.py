@@ -26,8 +26,10 @@ from .snapshot import engine_read as snap
 
 PROMPTS = [[0, *range(3 + i, 9 + 3 * i)] for i in range(5)]
 MAX_TOKENS = [5 + i for i in range(5)]
+# A cramped pool: 36 cells for 5 requests, so rows are preempted; whole-prompt steps, as Day 62
+# counted its kernel calls before the token budget.
 ENGINE = dict(dtype="float32", skip_tokenizer_init=True, block_size=4, max_num_seqs=3,
-              num_kv_blocks=9)  # a cramped pool: 36 cells for 5 requests, so rows are preempted
+              num_kv_blocks=9, enable_chunked_prefill=False)
 
 
 @functools.cache

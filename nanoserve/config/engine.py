@@ -33,6 +33,7 @@ BATCHING_POLICIES = ("continuous", "static")
 ALLOCATION_POLICIES = ("reserve", "incremental")
 PREFILL_POLICIES = ("packed", "padded")
 ATTENTION_PATHS = ("reference", "gathered", "triton")
+DEFAULT_BATCHED_TOKENS = 512  # the CPU budget of one step; Day 42 measures the choice
 PREPACK_CHOICES = ("auto", True, False)
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "float", "bf16", "fp16", "half")
 
@@ -91,6 +92,17 @@ class EngineConfig:
                                        vllm="num_gpu_blocks_override", cli={"type": int})
     max_num_seqs: int = option(8, "requests in the running batch at once", vllm="max_num_seqs",
                                cli={"type": int})
+    max_num_batched_tokens: int | None = option(
+        None, "tokens one step may compute, decodes first (Day 41) (default: "
+        f"{DEFAULT_BATCHED_TOKENS} with chunked prefill, else max(max_model_len, "
+        f"{DEFAULT_BATCHED_TOKENS}))", vllm="max_num_batched_tokens", cli={"type": int})
+    enable_chunked_prefill: bool = option(True, "cut the last prompt that does not fit the "
+                                          "budget, and run prefill chunks and decodes in one "
+                                          "forward; off: whole prompts, separate forwards",
+                                          vllm="enable_chunked_prefill")
+    enable_prefix_caching: bool = option(False, "find full KV blocks again by a chained hash "
+                                         "of their tokens and skip computing them (Day 43)",
+                                         vllm="enable_prefix_caching")
     batching: str = option("continuous", "continuous (Day 31) or static waves (Day 29)",
                            choices=BATCHING_POLICIES)
     allocation: str = option("incremental", "incremental: blocks a step at a time, preempting "
@@ -140,7 +152,7 @@ class EngineConfig:
                                         f"this machine")
         if isinstance(self.dtype, str) and self.dtype not in DTYPES:
             raise ConfigError("dtype", f"dtype={self.dtype!r}; choose one of {DTYPES}")
-        for name in ("block_size", "max_num_seqs", "num_kv_blocks"):
+        for name in ("block_size", "max_num_seqs", "num_kv_blocks", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -148,6 +160,11 @@ class EngineConfig:
                 raise ConfigError(name, f"{name} must be an int, got {value!r}")
             if value < 1:
                 raise ConfigError(name, f"{name} must be >= 1, got {value}")
+        budget = self.max_num_batched_tokens
+        if budget is not None and budget < self.max_num_seqs:
+            raise ConfigError("max_num_batched_tokens",
+                              f"max_num_batched_tokens={budget} is below max_num_seqs="
+                              f"{self.max_num_seqs}: a full batch could not decode in one step")
         if self.max_model_len is not None and (isinstance(self.max_model_len, bool)
                                                or not isinstance(self.max_model_len, int)
                                                or self.max_model_len < 2):
@@ -174,6 +191,21 @@ class EngineConfig:
                                                f"(max_position_embeddings), got "
                                                f"{self.max_model_len}")
         return self.max_model_len or limit
+
+    def resolve_max_num_batched_tokens(self, max_model_len: int) -> int:
+        """The token budget of one step (vLLM's rule): at least ``max_num_seqs``, so a full
+        batch can decode; without chunked prefill at least ``max_model_len``, so every prompt
+        fits whole."""
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = max(DEFAULT_BATCHED_TOKENS, self.max_num_seqs)
+            return budget if self.enable_chunked_prefill else max(budget, max_model_len)
+        if not self.enable_chunked_prefill and budget < max_model_len:
+            raise ConfigError("max_num_batched_tokens",
+                              f"max_num_batched_tokens={budget} is below max_model_len="
+                              f"{max_model_len} and chunked prefill is off: a long prompt "
+                              f"could never be scheduled (enable chunked prefill or raise it)")
+        return budget
 
     @property
     def persistent_batch(self) -> bool:

@@ -3,9 +3,10 @@
 Why this module exists: an operator's dashboard built for vLLM should work on nanoserve by
 changing one prefix. Two kinds of number live here:
 
-- **state** the engine already keeps (running, waiting, KV-cache usage, preemptions) is read from
-  the engine's ``snapshot()`` at scrape time by a custom collector, so it can never drift from
-  the truth: once the engine is idle, running, waiting and ``kv_cache_usage_perc`` read 0;
+- **state** the engine already keeps (running, waiting, KV-cache usage, preemptions, the prefix
+  cache's queries, hits and evicted blocks) is read from the engine's ``snapshot()`` at scrape
+  time by a custom collector, so it can never drift from the truth: once the engine is idle,
+  running, waiting and ``kv_cache_usage_perc`` read 0;
 - **events** only the server sees (tokens handed out, latencies, how requests ended) are counted
   as each engine request's deltas pass through ``RequestTracker``.
 
@@ -46,12 +47,18 @@ class _EngineState(Collector):
             g = GaugeMetricFamily(P + name, doc, labels=["model_name"])
             g.add_metric(labels, float(value))
             yield g
-        for name, doc, value in (  # Day 57: decode steps, by how they ran
+        for name, doc, value in (  # counters: Day 57's decode steps, Day 44's prefix cache
                 ("num_preemptions", "Preemptions since start.", snap.num_preemptions),
                 ("decode_steps_replayed", "Decode steps that replayed a recorded window.",
                  snap.decode_steps_replayed),
                 ("decode_steps_scattered", "Decode steps that ran the eager forward.",
-                 snap.decode_steps_scattered)):
+                 snap.decode_steps_scattered),
+                ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                 snap.prefix_cache_queries),
+                ("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                 snap.prefix_cache_hits),
+                ("prefix_cache_evicted_blocks", "Cached KV blocks evicted for new ones.",
+                 snap.prefix_cache_evictions)):
             c = CounterMetricFamily(P + name, doc, labels=["model_name"])
             c.add_metric(labels, float(value))
             yield c
