@@ -60,7 +60,7 @@ from .config import ALLOCATION_POLICIES
 from .prefix_cache import commit_blocks, match_prefix
 from .request import Request, RequestState
 from .scheduler_output import Chunk, SchedulerOutput
-from .validation import door_check
+from .validation import InvalidRequest, door_check
 
 
 class Scheduler:
@@ -113,6 +113,12 @@ class Scheduler:
             raise ValueError(f"request {request.request_id!r} is {request.state.value}, "
                              f"not waiting")
         door_check(self.allocator, request, f"request {request.request_id!r}")
+        budget = self.max_num_batched_tokens
+        if budget is not None and not self.chunked_prefill and request.worst_case_tokens > budget:
+            raise InvalidRequest(f"request {request.request_id!r}: prompt + max_tokens = "
+                                 f"{request.worst_case_tokens} tokens, past the step budget of "
+                                 f"{budget} with chunked prefill off, so it could never be "
+                                 f"scheduled whole", "max_tokens", request.worst_case_tokens)
         request.arrival = self._arrivals  # seniority: who is older, for victim choice
         self._arrivals += 1
         self.waiting.append(request)
@@ -161,7 +167,7 @@ class Scheduler:
         self._commit(out)
         out.chunks = self._admit()
         out.admitted = [c.request for c in out.chunks]
-        return out
+        return self._commit_decodes(out)
 
     def _schedule_budgeted(self, out: SchedulerOutput) -> SchedulerOutput:
         """Spend ``max_num_batched_tokens`` (Day 41): every running decode one token first,
@@ -175,9 +181,10 @@ class Scheduler:
                 plan[r] = 1
                 left -= 1
         for r in by_age:  # prefills in progress, oldest first
-            if r not in plan and left > 0:
-                plan[r] = min(r.num_tokens - r.num_computed_tokens, left)
-                left -= plan[r]
+            n = min(r.num_tokens - r.num_computed_tokens, left)
+            if r not in plan and n > 0:
+                plan[r] = n
+                left -= n
         out.preempted = self._grow_running(plan)
         out.moves = self._compact()
         for r in self.running:
@@ -188,23 +195,32 @@ class Scheduler:
                 out.decode.append(r)
             else:
                 out.chunks.append(Chunk(r, r.num_computed_tokens, n))
+        out.mixed = self.chunked_prefill
         self._commit(out)
         admitted = self._admit(self.max_num_batched_tokens - out.num_batched_tokens)
         out.admitted = [c.request for c in admitted]
         out.chunks += admitted
-        out.mixed = self.chunked_prefill
-        return out
+        return self._commit_decodes(out)
 
     def _commit(self, out: SchedulerOutput) -> None:
         """The running's scheduled tokens count as computed; with prefix caching the blocks
-        they fill enter the map now, before admission, so a newcomer can share them."""
+        they fill enter the map now, before admission, so a newcomer can share them. A decode's
+        block waits for ``_commit_decodes`` unless the step is one forward (``mixed``): with
+        two, the prefill runs first and would read the decode's last cell before it is written."""
         for c in out.chunks:
             c.request.num_computed_tokens = c.start + c.n
         for r in out.decode:
             r.num_computed_tokens = r.num_tokens  # its last token's K/V lands this step
         if self.allocator.caching:
-            for r in out.scheduled:
+            for r in out.scheduled if out.mixed else [c.request for c in out.chunks]:
                 commit_blocks(self.allocator, r)
+
+    def _commit_decodes(self, out: SchedulerOutput) -> SchedulerOutput:
+        """Two forwards (no chunking): register the decodes' blocks after admission."""
+        if self.allocator.caching and not out.mixed:
+            for r in out.decode:
+                commit_blocks(self.allocator, r)
+        return out
 
     def blocks_needed_for(self, request: Request, upto: int | None = None) -> int:
         """The only allocation rule: blocks to add before this request's next forward.
@@ -327,8 +343,9 @@ class Scheduler:
                 self.recomputed_tokens += head.num_tokens - start
             if self.allocator.caching:
                 self.allocator.take(hit)
-                self.prefix_cache_queries += head.num_tokens
-                self.prefix_cache_hits += start
+                if not head.num_preemptions:  # vLLM's counters: new requests' lookups only
+                    self.prefix_cache_queries += head.num_tokens
+                    self.prefix_cache_hits += start
             head.blocks = hit + self.allocator.allocate(need)
             head.num_computed_tokens, head.num_cached_blocks = start + n, len(hit)
             if self.allocator.caching:

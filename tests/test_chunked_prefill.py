@@ -208,3 +208,13 @@ def test_the_flags_are_vllms():
     cfg = EngineConfig.from_cli_args(ns)
     assert (cfg.max_num_batched_tokens, cfg.enable_chunked_prefill) == (256, False)
     assert EngineConfig.from_cli_args(p.parse_args([])).enable_chunked_prefill is True
+
+
+def test_without_chunking_a_scheduler_refuses_what_could_never_fit_whole():
+    from nanoserve.validation import InvalidRequest
+
+    s = Scheduler(BlockAllocator(64, 4), 4, max_num_batched_tokens=8, chunked_prefill=False)
+    with pytest.raises(InvalidRequest, match="past the step budget of 8") as e:
+        s.add(request(0, 10))
+    assert e.value.param == "max_tokens" and not s.waiting
+    s.add(request(1, 4))  # 4 + 4 fits whole

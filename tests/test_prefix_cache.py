@@ -179,3 +179,24 @@ def test_random_prefix_overlaps_never_change_the_text(block_size, prefix, extra,
     first, again = texts(on, prompts, params), texts(on, prompts[::-1], params)
     off = LLM(**kw)
     assert first == texts(off, prompts, params) and again == first[::-1]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_block_filled_by_a_decode_is_shared_only_once_written(chunked):
+    """Two forwards a step (chunking off) run the prefill before the decode: a newcomer that
+    continues a running request's tokens must not hit the block that decode is filling."""
+    def newcomer_text(caching: bool) -> list[int]:
+        llm = LLM(dtype="float32", block_size=4, enable_prefix_caching=caching,
+                  enable_chunked_prefill=chunked)
+        core = llm.core
+        params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+        r = core.add_request("r", [1, 5, 77, 300, 12, 901], params)
+        while len(r.output_token_ids) < 2:
+            core.step()
+        n = core.add_request("n", r.token_ids[:8] + [44, 45], params)  # 8 = two full blocks
+        while core.has_unfinished():
+            core.step()
+        core.check_drained()
+        return n.output_token_ids
+
+    assert newcomer_text(True) == newcomer_text(False)
