@@ -293,9 +293,10 @@ print(f"96 / 45 = {96 / 45:.2f}   96 / 44 = {96 / 44:.2f}   "
 class AdmitThenRelease(Scheduler):
     def schedule(self) -> SchedulerOutput:
         self.schedule_calls += 1
-        admitted = self._admit()
+        chunks = self._admit()  # the prompt work of this step, one Chunk per newcomer
+        admitted = [c.request for c in chunks]
         finished = self._release_finished()
-        return SchedulerOutput(admitted=admitted, finished=finished,
+        return SchedulerOutput(admitted=admitted, finished=finished, chunks=chunks,
                                decode=[r for r in self.running if r not in admitted])
 
 
