@@ -242,6 +242,9 @@ class AsyncLLM:
                     if not self.core.has_unfinished():
                         self.core.check_drained()
                         self.drain_checks += 1
+                # Stopping: a request that finished in the last step holds its blocks until
+                # the next schedule(), which will not come now.
+                self.core.scheduler.release_finished()
         except BaseException as e:  # noqa: BLE001 - every waiting stream must hear of it
             self.error = e
             dead = EngineDead(f"the engine thread died: {type(e).__name__}: {e}")

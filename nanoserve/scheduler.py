@@ -305,6 +305,11 @@ class Scheduler:
         self._return_resources(request)
         self.finished_total += 1
 
+    def release_finished(self) -> list[Request]:
+        """What ``schedule()`` does first: finished and aborted requests give back their
+        blocks and slots. An engine that stops, and so runs no next step, calls it last."""
+        return self._release_finished()
+
     def _release_finished(self) -> list[Request]:
         done, self._aborted = self._aborted, []
         for r in [r for r in self.running if r.is_finished]:

@@ -151,6 +151,23 @@ def test_a_dead_engine_thread_fails_streams_and_new_requests(monkeypatch):
     assert e.errored and not e.is_running
 
 
+def test_a_stop_right_after_the_last_token_still_gives_every_block_back():
+    # The last token's step reports the request finished; its blocks go back at the next
+    # schedule(). A shutdown that sees no stream left stops the thread before that step:
+    # the thread's way out must release them itself. Driven by hand, so the race is certain.
+    e = AsyncLLM.from_options(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64,
+                              max_num_seqs=2)
+    e.core.add(e.core.make_request("last", [5, 6], SamplingParams(max_tokens=3, **GREEDY)))
+    while not any(d.finished for d in e.core.step()):
+        pass
+    assert not pool_full(e)  # finished and reported, blocks still held
+    e.stop()  # asked to stop before the thread runs: it takes no step at all
+    e.start()
+    e.stop()
+    assert not e.is_running and pool_full(e)
+    e.core.check_drained()
+
+
 def test_shutdown_lets_in_flight_finish_then_refuses():
     e = AsyncLLM.from_options(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64,
                               max_num_seqs=2)
