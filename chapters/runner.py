@@ -36,6 +36,10 @@ A chapter's claims, with the four kinds that ``make test`` treats differently::
   ``command`` and hold the value under ``values[key]``. The verdict then reads
   ``pass from results (NVIDIA H200, 2026-11-30)``, never a bare pass; without a file it is
   ``skipped: needs a GPU``. A results file missing a field is an error.
+- ``exact``, ``bound`` and ``timed`` take ``needs``: a function that says why this machine
+  cannot make the measurement (a CPU whose oneDNN has no bf16 kernel), or ``None`` when it
+  can. A claim that cannot be made here reads ``skipped: <why>``, not measured and not failed;
+  the prose states the condition beside the claim.
 - ``recorded(row, result_file, key, fmt=None)``: a long run (a soak of 10,000 requests) read
   from a committed results file naming ``machine``, ``date`` and ``command``. The chapter's own
   claims should also rerun a reduced version that fits in a minute.
@@ -178,6 +182,7 @@ class Claim:
     fmt: Callable[[Any], str] | None = None
     result_file: str | None = None
     key: str | None = None
+    needs: Callable[[], str | None] | None = None  # why this machine cannot measure it, or None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -213,21 +218,25 @@ class Claim:
         return str(measured)
 
 
-def exact(row: str, measure: Callable[[], Any], fmt: Callable[[Any], str] = str) -> Claim:
+Needs = Callable[[], str | None] | None
+
+
+def exact(row: str, measure: Callable[[], Any], fmt: Callable[[Any], str] = str,
+          needs: Needs = None) -> Claim:
     """``fmt(measure())`` must read exactly as the row states."""
-    return Claim(row, "exact", measure, fmt)
+    return Claim(row, "exact", measure, fmt, needs=needs)
 
 
 def bound(row: str, measure: Callable[[], float],
-          fmt: Callable[[Any], str] | None = None) -> Claim:
+          fmt: Callable[[Any], str] | None = None, needs: Needs = None) -> Claim:
     """The row states a comparison (``≤ 1e-5``, ``≥ 3x``); the measurement must satisfy it."""
-    return Claim(row, "bound", measure, fmt)
+    return Claim(row, "bound", measure, fmt, needs=needs)
 
 
 def timed(row: str, measure: Callable[[], float],
-          fmt: Callable[[Any], str] | None = None) -> Claim:
+          fmt: Callable[[Any], str] | None = None, needs: Needs = None) -> Claim:
     """A bound whose measure reads a clock: never run by ``make test``."""
-    return Claim(row, "timed", measure, fmt)
+    return Claim(row, "timed", measure, fmt, needs=needs)
 
 
 def gpu(row: str, result_file: str, key: str, measure: Callable[[], Any] | None = None,
@@ -391,6 +400,9 @@ def _from_results(claim: Claim, stated: str, chapter: Path) -> Result:
 def evaluate(claim: Claim, stated: str, chapter: Path) -> Result:
     """Measure one claim (or read its results) and judge it against ``stated``."""
     try:
+        why_not = claim.needs() if claim.needs is not None else None
+        if why_not:
+            return Result(claim, stated, "-", f"skipped: {why_not}")
         if claim.kind in RESULT_FIELDS:
             if claim.kind == "gpu" and claim.measure is not None and _gpu_available():
                 return _judge(claim, stated, claim.measure(), f"(on {_device_name()})")

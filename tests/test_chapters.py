@@ -323,3 +323,16 @@ def test_the_site_build_fails_on_a_failing_claim_but_not_on_a_timed_one(tmp_path
     pairs[1] = (exact("e", lambda: 2), "1")
     table, fatal = build_book.claims_table(chapter)
     assert "| e | exact | 1 | 2 | FAIL |" in table and len(fatal) == 1
+
+
+def test_a_claim_this_machine_cannot_make_is_skipped_with_its_reason(tmp_path):
+    ch = tmp_path / "day99_x"
+    ch.mkdir()
+    (ch / "README.md").write_text("# Day 99\n\n| claim | stated |\n|---|---|\n| a | 1 |\n"
+                                  "| b | 2 |\n")
+    ran = []
+    claims = [runner.exact("a", lambda: ran.append("a") or 1, needs=lambda: "no such unit"),
+              runner.exact("b", lambda: ran.append("b") or 2, needs=lambda: None)]
+    rs = runner.run_chapter(ch, claims=claims)
+    assert [r.verdict for r in rs] == ["skipped: no such unit", "pass"] and ran == ["b"]
+    assert not any(r.failed for r in rs)

@@ -81,6 +81,15 @@ def _linear_pair(k: int, n: int):
     return x, w, PackedLinear(w, None)
 
 
+def bf16_packing_here() -> str | None:
+    """Why this CPU cannot run oneDNN's packed bf16 linear (an AVX2-only x86 cannot), or None."""
+    import torch
+
+    from nanoserve.prepack import unavailable
+
+    return unavailable(torch.device("cpu"), torch.bfloat16)
+
+
 def packed_identical() -> str:
     import torch
 
@@ -155,7 +164,7 @@ CLAIMS = [
     recorded("nanoserve / vLLM CPU 0.32, float32, nanoserve-tiny, 16 requests, 8 rows", TINY,
              "ratio_vllm", fmt=RATIO),
     exact("packed weights vs F.linear, SmolLM2-135M's four projections and LM head, 8 rows, "
-          "bf16: bit-identical outputs", packed_identical),
+          "bf16: bit-identical outputs", packed_identical, needs=bf16_packing_here),
     timed("LM head 576 -> 49152, 8 rows, bf16, one thread, 2-core x86 CPU: F.linear time / "
-          "packed time", head_speedup),
+          "packed time", head_speedup, needs=bf16_packing_here),
 ]
