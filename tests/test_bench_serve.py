@@ -23,7 +23,14 @@ from nanoserve.bench.serve import (
     rounded,
     run_bench,
 )
-from nanoserve.bench.workload import arrival_times, random_requests, request_intervals
+from nanoserve.bench.workload import (
+    arrival_times,
+    long_among_short_requests,
+    prefix_repetition_requests,
+    random_requests,
+    request_intervals,
+    sample_requests,
+)
 from nanoserve.cli import main as cli_main
 
 KEYS = {"completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",
@@ -42,9 +49,11 @@ class FakeServer:
     """Streams completions with known delays; counts requests and the peak in flight."""
 
     def __init__(self, first_delay=0.05, token_delay=0.02, usage=True, fail_every=0,
-                 empty_first=False):
+                 empty_first=False, metrics=False):
         self.first_delay, self.token_delay, self.usage = first_delay, token_delay, usage
         self.fail_every, self.empty_first = fail_every, empty_first
+        self.metrics = metrics  # serve /metrics: prompt tokens posted as prefix-cache queries
+        self.prompt_tokens = 0
         self.lock = threading.Lock()
         self.in_flight = self.peak = self.posts = 0
         self.payloads: list[dict] = []
@@ -64,7 +73,13 @@ class FakeServer:
                 self.wfile.write(body)
 
             def do_GET(self):
-                if self.path == "/v1/models":
+                if self.path == "/metrics" and fake.metrics:
+                    with fake.lock:
+                        n = fake.prompt_tokens
+                    text = (f'fake:prefix_cache_queries_total{{model_name="fake-model"}} {n}.0\n'
+                            f'fake:prefix_cache_hits_total{{model_name="fake-model"}} 0.0\n')
+                    self._send(200, text.encode(), "text/plain")
+                elif self.path == "/v1/models":
                     self._send(200, json.dumps({"object": "list", "data": [
                         {"id": "fake-model", "object": "model"}]}).encode())
                 else:
@@ -82,6 +97,7 @@ class FakeServer:
                     fake.posts += 1
                     n_post = fake.posts
                     fake.payloads.append(body)
+                    fake.prompt_tokens += len(body["prompt"])
                     fake.in_flight += 1
                     fake.peak = max(fake.peak, fake.in_flight)
                 try:
@@ -160,6 +176,67 @@ def test_random_requests_lengths_ids_and_seed():
     assert len({r.prompt_len for r in reqs}) > 1
     fixed = random_requests(4, 10, 6, 0.0, vocab_size=30, seed=2)
     assert {(r.prompt_len, r.expected_output_len) for r in fixed} == {(10, 6)}
+
+
+def test_prefix_repetition_shares_each_prefix_exactly_and_is_seeded():
+    n, plen, slen, k, out = 24, 20, 6, 4, 5
+    reqs = prefix_repetition_requests(n, plen, slen, k, out, vocab_size=50, seed=3)
+    assert reqs == prefix_repetition_requests(n, plen, slen, k, out, vocab_size=50, seed=3)
+    assert reqs != prefix_repetition_requests(n, plen, slen, k, out, vocab_size=50, seed=4)
+    assert len(reqs) == n
+    assert all(r.prompt_len == len(r.prompt) == plen + slen and r.expected_output_len == out
+               for r in reqs)
+    assert all(2 <= t < 50 for r in reqs for t in r.prompt) and {r.label for r in reqs} == {""}
+    groups: dict[tuple, list] = {}
+    for r in reqs:
+        groups.setdefault(tuple(r.prompt[:plen]), []).append(tuple(r.prompt[plen:]))
+    # num_prefixes distinct prefixes, n / num_prefixes requests each, every suffix its own
+    assert len(groups) == k and sorted(len(g) for g in groups.values()) == [n // k] * k
+    assert len({sfx for g in groups.values() for sfx in g}) == n
+    # shuffled: the requests of one prefix do not come in one run
+    order = [tuple(r.prompt[:plen]) for r in reqs]
+    assert sum(a != b for a, b in zip(order, order[1:], strict=False)) > k - 1
+    with pytest.raises(ValueError, match="not a multiple"):
+        prefix_repetition_requests(10, plen, slen, 4, out, vocab_size=50, seed=0)
+    with pytest.raises(ValueError):
+        prefix_repetition_requests(4, plen, 0, 2, out, vocab_size=50, seed=0)
+    assert [len(r.prompt) for r in prefix_repetition_requests(2, 0, 3, 1, 1, 50, 0)] == [3, 3]
+
+
+def test_long_among_short_puts_every_kth_long_and_is_seeded():
+    n, k = 14, 4
+    reqs = long_among_short_requests(n, 6, 12, 40, k, 3, vocab_size=50, seed=1)
+    assert reqs == long_among_short_requests(n, 6, 12, 40, k, 3, vocab_size=50, seed=1)
+    assert reqs != long_among_short_requests(n, 6, 12, 40, k, 3, vocab_size=50, seed=2)
+    longs = [i for i, r in enumerate(reqs, 1) if r.label == "long"]
+    assert longs == [4, 8, 12]
+    for i, r in enumerate(reqs, 1):
+        want = (40, 3) if i % k == 0 else (6, 12)
+        assert (r.prompt_len, len(r.prompt), r.expected_output_len) == (want[0], *want)
+        assert r.label == ("long" if i % k == 0 else "short")
+    assert all(2 <= t < 50 for r in reqs for t in r.prompt)
+    assert sum(r.prompt_len for r in reqs) == 3 * 40 + 11 * 6
+    assert {r.label for r in long_among_short_requests(3, 2, 2, 5, 1, 1, 50, 0)} == {"long"}
+    with pytest.raises(ValueError):
+        long_among_short_requests(4, 6, 12, 40, 0, 3, vocab_size=50, seed=0)
+
+
+def test_sample_requests_picks_the_dataset_and_refuses_what_it_does_not_take():
+    assert sample_requests("random", 5, 40, 7, input_len=6, output_len=3, range_ratio=0.5) == \
+        random_requests(5, 6, 3, 0.5, 40, 7)
+    assert sample_requests("prefix_repetition", 4, 40, 7, prefix_len=5, suffix_len=2,
+                           num_prefixes=2, output_len=3) == \
+        prefix_repetition_requests(4, 5, 2, 2, 3, 40, 7)
+    assert sample_requests("long_among_short", 4, 40, 7, input_len=3, output_len=9, long_len=20,
+                           long_every=2, long_output_len=2) == \
+        long_among_short_requests(4, 3, 9, 20, 2, 2, 40, 7)
+    with pytest.raises(ValueError, match="choose one of"):
+        sample_requests("sharegpt", 4, 40, 0)
+    with pytest.raises(ValueError, match="prefix_repetition"):
+        sample_requests("prefix_repetition", 4, 40, 0, prefix_len=5, suffix_len=2,
+                        num_prefixes=2, output_len=3, range_ratio=0.1)
+    with pytest.raises(ValueError, match="long_among_short"):
+        sample_requests("long_among_short", 4, 40, 0, input_len=3, output_len=9)
 
 
 # ---- the arithmetic ----------------------------------------------------------------------------
@@ -282,6 +359,67 @@ def test_cli_refuses_a_bad_rate_and_a_dead_url(capsys):
     assert rc == 2 and "test request" in capsys.readouterr().err
 
 
+def test_cli_prefix_repetition_sends_the_shared_prefixes_and_reports_server_counters(capsys):
+    with FakeServer(first_delay=0.005, token_delay=0.002, metrics=True) as srv:
+        rc = cli_main(["bench", "serve", "--url", srv.url, "--rates", "inf", "--requests", "6",
+                       "--dataset-name", "prefix_repetition",
+                       "--prefix-repetition-prefix-len", "10",
+                       "--prefix-repetition-suffix-len", "3",
+                       "--prefix-repetition-num-prefixes", "2",
+                       "--prefix-repetition-output-len", "4", "--json", "--no-progress"])
+        payloads = srv.payloads
+    cap = capsys.readouterr()
+    assert rc == 0
+    [m] = json.loads(cap.out)
+    assert m["dataset_name"] == "prefix_repetition" and m["dataset_options"] == {
+        "prefix_len": 10, "suffix_len": 3, "num_prefixes": 2, "output_len": 4}
+    assert (m["completed"], m["total_input_tokens"], m["total_output_tokens"]) == (6, 78, 24)
+    timed = payloads[1:]  # after the probe, which sends the first request's prompt
+    assert payloads[0]["prompt"] == timed[0]["prompt"]
+    assert all(p["max_tokens"] == 4 and len(p["prompt"]) == 13 for p in timed)
+    assert len({tuple(p["prompt"][:10]) for p in timed}) == 2
+    # the counters are read before and after the rate: the probe's tokens are not in them
+    assert m["server_counters"] == {"prefix_cache_queries": 78, "prefix_cache_hits": 0}
+    assert "Server prefix cache queries" in cap.err and "prefix_repetition: 2 prefixes" in cap.err
+
+
+def test_long_among_short_reports_each_class_and_details():
+    with FakeServer(first_delay=0.005, token_delay=0.002) as srv:
+        [m] = run_bench(srv.url, [math.inf], 6, input_len=4, output_len=5, seed=0,
+                        dataset_name="long_among_short",
+                        dataset_options={"long_len": 30, "long_every": 3, "long_output_len": 2},
+                        detailed=True)
+    assert m["server_counters"] == {}  # no /metrics: nothing reported, nothing made up
+    assert (m["completed"], m["total_input_tokens"], m["total_output_tokens"]) == (6, 76, 24)
+    g = m["groups"]
+    assert set(g) == {"long", "short"}
+    assert (g["long"]["completed"], g["long"]["total_input_tokens"]) == (2, 60)
+    assert (g["short"]["completed"], g["short"]["total_output_tokens"]) == (4, 20)
+    assert g["long"]["mean_ttft_ms"] > 0 and "errors" not in g["long"]
+    d = m["details"]
+    assert d["input_lens"] == [4, 4, 30, 4, 4, 30] and d["output_lens"] == [5, 5, 2, 5, 5, 2]
+    assert [len(x) for x in d["itls"]] == [4, 4, 1, 4, 4, 1] and d["errors"] == [""] * 6
+    assert d["generated_texts"][2] == " t0 t1" and len(d["ttfts"]) == 6
+    with FakeServer(first_delay=0.005, token_delay=0.002) as srv:
+        [plain] = run_bench(srv.url, [math.inf], 3, input_len=4, output_len=2)
+    assert "groups" not in plain and "details" not in plain  # one class, not detailed
+
+
+def test_server_counters_read_prometheus_text():
+    from nanoserve.bench.serve_metrics import server_counters
+
+    text = "\n".join([
+        "# HELP vllm:prefix_cache_hits_total Prefix cache hits.",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 6656.0',
+        'vllm:prefix_cache_hits_total{engine="1",model_name="m"} 10.0',
+        'vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.79e+09',
+        'nanoserve:num_preemptions_total{model_name="m"} 3.0',
+        "nanoserve:prompt_tokens_total 99.0"])
+    assert server_counters(text) == {"prefix_cache_hits": 6666, "num_preemptions": 3}
+    assert server_counters("") == {}
+
+
 # ---- the real server ---------------------------------------------------------------------------
 
 def test_real_server_without_url():
@@ -316,3 +454,29 @@ def test_engine_flags_reach_the_started_server_as_its_own():
     assert engine_options_set(bench.parse_args([])) == {}  # nothing set: nothing passed
     with pytest.raises(ValueError, match="not an engine option"):
         engine_argv({"max_num_seq": 4})
+
+
+def test_real_server_prefix_caching_hits_are_what_the_workload_determines():
+    """Two prefixes of 64 ids (4 blocks of 16), 4 requests each with an 8-id suffix. The probe
+    computes the first request's prompt, so only the other prefix's first request misses: 7
+    requests hit 64 tokens each, and the counters count the 8 timed prompts."""
+    pytest.importorskip("nanoserve.entrypoints.openai.serve")
+    opts = {"prefix_len": 64, "suffix_len": 8, "num_prefixes": 2, "output_len": 2}
+    [m] = run_bench(None, [math.inf], 8, seed=0, dtype="float32", server_timeout_s=120,
+                    engine_args=("--enable-prefix-caching",), dataset_name="prefix_repetition",
+                    dataset_options=opts)
+    assert (m["completed"], m["failed"], m["total_input_tokens"]) == (8, 0, 8 * 72)
+    assert m["server_counters"] == {"prefix_cache_queries": 8 * 72, "prefix_cache_hits": 7 * 64,
+                                    "prefix_cache_evicted_blocks": 0, "num_preemptions": 0}
+
+
+@pytest.mark.parametrize("dataset", ["random", "prefix_repetition", "long_among_short"])
+def test_every_dataset_runs_with_the_default_flags(dataset, capsys):
+    # a default that the generator refuses (64 requests over vLLM's 10 prefixes) is a trap
+    with FakeServer(first_delay=0.0, token_delay=0.0) as srv:
+        rc = cli_main(["bench", "serve", "--url", srv.url, "--rates", "inf",
+                       "--dataset-name", dataset, "--json", "--no-progress"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    [m] = json.loads(cap.out)
+    assert (m["dataset_name"], m["completed"], m["failed"]) == (dataset, 64, 0)

@@ -3,65 +3,52 @@
 Why this module exists: an engine's own counters say how fast it steps; a user feels something
 else, the time between sending a request and reading its tokens off a socket, with everybody
 else's requests in the same batch. This is vLLM's ``benchmark_serving`` for nanoserve: it sends a
-seeded workload (``workload.py``) to ``/v1/completions`` with ``stream: true`` and
-``ignore_eos: true`` at each request rate in turn (Poisson arrivals, or gamma with
-``burstiness``, or all at once for ``inf``), optionally capped at ``max_concurrency`` requests in
-flight, and reports per rate, under vLLM's key names:
-
-- TTFT, time to first token: request sent -> first content chunk read;
-- ITL, inter-token latency: the gaps between content chunks, pooled over all requests;
-- TPOT, time per output token: ``(e2el - ttft) / (output_tokens - 1)`` per request;
-- E2EL, end-to-end latency: request sent -> stream closed;
-- request, output-token and total-token throughput over the rate's wall time.
+seeded workload (``workload.py``: ``--dataset-name random``, ``prefix_repetition`` or
+``long_among_short``) to ``/v1/completions`` with ``stream: true`` and ``ignore_eos: true`` at
+each request rate in turn (Poisson arrivals, or gamma with ``burstiness``, or all at once for
+``inf``), optionally capped at ``max_concurrency`` requests in flight, and reports per rate,
+under vLLM's key names, TTFT, ITL, TPOT, E2EL and throughput (``serve_metrics.py`` says what
+each one is). A workload whose requests carry classes (``long_among_short``: ``long`` and
+``short``) also gets the same metrics per class under ``groups``. Where the server's
+``/metrics`` shows them, the prefix cache's queries and hits, its evicted blocks and the
+preemptions during each rate are reported under ``server_counters`` (read before and after it).
 
 Output tokens come from the ``usage`` in the final chunk (``stream_options.include_usage``);
-a server that sends none is counted by its content chunks. Percentiles are numpy's (linear
-interpolation). Without ``--url`` the benchmark starts ``nanoserve serve`` on a free port of
-127.0.0.1, waits for ``/health``, and stops it afterwards; the started server takes every engine
-flag of ``nanoserve serve`` (``EngineConfig.add_cli_args``: ``--model``, ``--dtype``,
-``--max-num-seqs``, ``--cuda-graphs``, ...), and the benchmark passes on those set away from their
-defaults, spelt as that parser spells them.
+a server that sends none is counted by its content chunks. Without ``--url`` the benchmark
+starts ``nanoserve serve`` on a free port of 127.0.0.1, waits for ``/health``, and stops it
+afterwards; the started server takes every engine flag of ``nanoserve serve``
+(``EngineConfig.add_cli_args``: ``--model``, ``--dtype``, ``--max-num-seqs``,
+``--enable-prefix-caching``, ...), and the benchmark passes on those set away from their
+defaults, spelt as that parser spells them. The command line is ``serve_cli.py``.
 
     nanoserve bench serve --rates 1,4,inf --requests 64 --json
     nanoserve bench serve --url http://127.0.0.1:8000 --rates inf --max-concurrency 8
+    nanoserve bench serve --dataset-name prefix_repetition --enable-prefix-caching --rates inf
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import collections
 import contextlib
 import json
 import math
-import os
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from ..config import DEFAULT_MODEL
 from . import run_sync
-from .local_server import LocalServer, engine_argv, engine_options_set, local_server
-from .workload import SampleRequest, arrival_times, random_requests
-
-METRICS = ("ttft", "tpot", "itl", "e2el")
-
-
-@dataclass(slots=True)
-class RequestFuncOutput:
-    """What the client saw of one request (vLLM's name). Times in seconds."""
-
-    success: bool = False
-    prompt_len: int = 0
-    output_tokens: int = 0
-    ttft: float = 0.0
-    itl: list[float] = field(default_factory=list)
-    latency: float = 0.0
-    generated_text: str = ""
-    error: str = ""
+from .local_server import LocalServer, local_server
+from .serve_cli import add_arguments, main  # noqa: F401  (the CLI, importable from here)
+from .serve_metrics import (  # noqa: F401  (ROWS, METRICS: importable from here, as before)
+    METRICS,
+    ROWS,
+    RequestFuncOutput,
+    calculate_metrics,
+    print_table,
+    rounded,
+    server_counters,
+)
+from .workload import SampleRequest, arrival_times, sample_requests
 
 
 def _chunk_text(choice: dict) -> str:
@@ -118,39 +105,6 @@ async def async_request_openai_completions(client, api_url: str, payload: dict,
     return out
 
 
-def _stats(name: str, values: list[float]) -> dict:
-    """mean, std, median and p99 of ``values`` seconds, as vLLM's ``*_ms`` keys (0 when empty)."""
-    ms = np.asarray(values, dtype=float) * 1000 if values else np.zeros(1)
-    return {f"mean_{name}_ms": float(np.mean(ms)), f"std_{name}_ms": float(np.std(ms)),
-            f"median_{name}_ms": float(np.median(ms)),
-            f"p99_{name}_ms": float(np.percentile(ms, 99))}
-
-
-def calculate_metrics(outputs: list[RequestFuncOutput], duration_s: float) -> dict:
-    """vLLM's metrics over one rate's requests; failed requests count only in ``failed``."""
-    ok = [o for o in outputs if o.success]
-    total_in = sum(o.prompt_len for o in ok)
-    total_out = sum(o.output_tokens for o in ok)
-    series = {
-        "ttft": [o.ttft for o in ok],
-        "tpot": [(o.latency - o.ttft) / (o.output_tokens - 1) for o in ok if o.output_tokens > 1],
-        "itl": [gap for o in ok for gap in o.itl],
-        "e2el": [o.latency for o in ok],
-    }
-    m = {
-        "completed": len(ok), "failed": len(outputs) - len(ok), "duration_s": duration_s,
-        "total_input_tokens": total_in, "total_output_tokens": total_out,
-        "request_throughput": len(ok) / duration_s,
-        "output_throughput": total_out / duration_s,
-        "total_token_throughput": (total_in + total_out) / duration_s,
-    }
-    for name in METRICS:
-        m |= _stats(name, series[name])
-    errors = collections.Counter(o.error for o in outputs if not o.success)
-    m["errors"] = dict(errors.most_common(5))  # why requests failed, the five commonest
-    return m
-
-
 async def _run_rate(client, api_url: str, model: str | None, reqs: list[SampleRequest],
                     rate: float, burstiness: float, max_concurrency: int | None, seed: int,
                     max_duration_s: float, on_done=None) -> tuple[list[RequestFuncOutput], float]:
@@ -201,10 +155,39 @@ def _rate_value(rate: float) -> float | str:
     return "inf" if math.isinf(rate) else rate
 
 
+async def _counters(client, base_url: str) -> dict[str, int]:
+    """The server's own counters from ``/metrics`` (``{}`` if it shows none, or no page)."""
+    try:
+        r = await client.get(f"{base_url}/metrics")
+        return server_counters(r.text) if r.status_code == 200 else {}
+    except Exception:  # a server without /metrics is still benchmarked
+        return {}
+
+
+def _details(outs: list[RequestFuncOutput]) -> dict:
+    """Each request as the client saw it, in workload order (vLLM's ``--save-detailed`` keys;
+    times in seconds)."""
+    return {"input_lens": [o.prompt_len for o in outs],
+            "output_lens": [o.output_tokens for o in outs], "ttfts": [o.ttft for o in outs],
+            "itls": [list(o.itl) for o in outs],
+            "generated_texts": [o.generated_text for o in outs],
+            "errors": [o.error for o in outs]}
+
+
+def _groups(reqs: list[SampleRequest], outs: list[RequestFuncOutput], duration: float) -> dict:
+    """The metrics of each class of request, when the workload has more than one."""
+    labels = sorted({r.label for r in reqs})
+    if len(labels) < 2:
+        return {}
+    return {label: {k: v for k, v in calculate_metrics(
+        [o for r, o in zip(reqs, outs, strict=True) if r.label == label], duration).items()
+        if k != "errors"} for label in labels}
+
+
 async def _arun_bench(base_url: str, rates: list[float], reqs: list[SampleRequest],
                       model_name: str | None, burstiness: float, max_concurrency: int | None,
                       seed: int, request_timeout_s: float, max_duration_s: float,
-                      progress: bool) -> list[dict]:
+                      progress: bool, detailed: bool = False) -> list[dict]:
     import httpx
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -229,12 +212,19 @@ async def _arun_bench(base_url: str, rates: list[float], reqs: list[SampleReques
                       console=Console(stderr=True), disable=not progress) as bar:
             for rate in rates:
                 task = bar.add_task(f"rate {_rate_value(rate)}", total=len(reqs))
+                before = await _counters(client, base_url)
                 outs, duration = await _run_rate(
                     client, api_url, model_name, reqs, rate, burstiness, max_concurrency, seed,
                     max_duration_s, on_done=lambda task=task: bar.advance(task))
+                after = await _counters(client, base_url)
                 results.append({"rate": _rate_value(rate), "burstiness": burstiness,
-                                "max_concurrency": max_concurrency,
-                                **calculate_metrics(outs, duration)})
+                                 "max_concurrency": max_concurrency,
+                                 **calculate_metrics(outs, duration),
+                                 "server_counters": {k: after[k] - before.get(k, 0)
+                                                     for k in after},
+                                 **({"groups": g} if (g := _groups(reqs, outs, duration))
+                                    else {}),
+                                 **({"details": _details(outs)} if detailed else {})})
     return results
 
 
@@ -245,7 +235,9 @@ def run_bench(url: str | None = None, rates=(float("inf"),), requests: int = 64,
               prompt_format: str = "ids", dtype: str | None = None, device: str | None = None,
               max_num_seqs: int | None = None, request_timeout_s: float = 120.0,
               max_duration_s: float = 600.0, server_timeout_s: float = 180.0,
-              progress: bool = False, engine_args: tuple[str, ...] = ()) -> list[dict]:
+              progress: bool = False, engine_args: tuple[str, ...] = (),
+              dataset_name: str = "random", dataset_options: dict | None = None,
+              detailed: bool = False) -> list[dict]:
     """One dict of vLLM's serving metrics per rate, in ``rates`` order (times in ms).
 
     ``url`` is the server's base (``http://127.0.0.1:8000``); without it ``model`` (default: the
@@ -253,6 +245,12 @@ def run_bench(url: str | None = None, rates=(float("inf"),), requests: int = 64,
     ``dtype``, ``device``, ``max_num_seqs`` and any more ``engine_args`` (its flags). The same
     seeded requests go out at every rate. ``model`` also gives the vocabulary for the prompts'
     token ids (or ``vocab_size``), and the tokenizer when ``prompt_format="text"``.
+
+    ``dataset_name`` picks the workload (``workload.DATASETS``); ``dataset_options`` are its own
+    arguments (``workload.sample_requests``): ``prefix_repetition`` takes all of its lengths
+    there, ``long_among_short`` its long requests' (``input_len`` and ``output_len`` are its
+    short ones'), ``random`` none (it is ``input_len``, ``output_len`` and ``range_ratio``).
+    ``detailed`` adds each request's lengths, times, text and error under ``details``.
     """
     rates = [float(r) for r in rates]
     if not rates:
@@ -267,8 +265,13 @@ def run_bench(url: str | None = None, rates=(float("inf"),), requests: int = 64,
         from ..tokenizer import Tokenizer
 
         tokenizer = Tokenizer.from_dir(model_dir)
-    reqs = random_requests(requests, input_len, output_len, range_ratio,
-                           vocab_size or _vocab_size(model_dir), seed, tokenizer=tokenizer)
+    options = dict(dataset_options or {})
+    if dataset_name in ("random", "long_among_short"):
+        options = dict(input_len=input_len, output_len=output_len) | options
+    if dataset_name == "random":
+        options["range_ratio"] = range_ratio
+    reqs = sample_requests(dataset_name, requests, vocab_size or _vocab_size(model_dir), seed,
+                           tokenizer=tokenizer, **options)
     if url is None:
         server = local_server(model_dir, dtype=dtype, device=device, max_num_seqs=max_num_seqs,
                               timeout_s=server_timeout_s, extra_args=tuple(engine_args))
@@ -278,116 +281,10 @@ def run_bench(url: str | None = None, rates=(float("inf"),), requests: int = 64,
         base_url = srv.url
         name = served_model_name or _served_model(base_url, request_timeout_s)
         coro = _arun_bench(base_url, rates, reqs, name, burstiness, max_concurrency, seed,
-                           request_timeout_s, max_duration_s, progress)
+                           request_timeout_s, max_duration_s, progress, detailed)
         results = run_sync(coro)  # a notebook's running loop is not ours to block
     workload = {"model": name or (str(model) if model is not None else DEFAULT_MODEL.name),
                 "requests": requests, "input_len": input_len, "output_len": output_len,
-                "range_ratio": range_ratio, "seed": seed}
+                "range_ratio": range_ratio, "seed": seed, "dataset_name": dataset_name,
+                "dataset_options": dict(dataset_options or {})}
     return [r | workload for r in results]
-
-
-ROWS = [  # (label, key, format) of the table, in vLLM's order
-    ("Successful requests", "completed", "{:d}"),
-    ("Failed requests", "failed", "{:d}"),
-    ("Benchmark duration (s)", "duration_s", "{:.2f}"),
-    ("Total input tokens", "total_input_tokens", "{:d}"),
-    ("Total generated tokens", "total_output_tokens", "{:d}"),
-    ("Request throughput (req/s)", "request_throughput", "{:.2f}"),
-    ("Output token throughput (tok/s)", "output_throughput", "{:.2f}"),
-    ("Total token throughput (tok/s)", "total_token_throughput", "{:.2f}"),
-] + [(f"{stat.capitalize()} {name.upper()} (ms)", f"{stat}_{name}_ms", "{:.2f}")
-     for name in METRICS for stat in ("mean", "median", "p99")]
-
-
-def rounded(results: list[dict], ndigits: int = 2) -> list[dict]:
-    """The results as the table shows them: floats to ``ndigits`` places."""
-    return [{k: round(v, ndigits) if isinstance(v, float) and math.isfinite(v) else v
-             for k, v in r.items()} for r in results]
-
-
-def print_table(results: list[dict], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    table.add_column("metric")
-    for r in results:
-        table.add_column(f"rate {r['rate']}", justify="right")
-    for label, key, fmt in ROWS:
-        table.add_row(label, *(fmt.format(r[key]) for r in results))
-    Console(stderr=True).print(table)
-
-
-def _rates(text: str) -> list[float]:
-    try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--rates takes numbers or inf, got {text!r}") from None
-    if not rates or any(not r > 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"--rates must be positive, got {text!r}")
-    return rates
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The benchmark's flags, then ``nanoserve serve``'s engine flags for the server it starts
-    without ``--url`` (``--model`` also gives the prompts' vocabulary, with ``--url`` too)."""
-    from ..config import EngineConfig
-
-    p.add_argument("--url", default=None,
-                   help="server base URL; without it --model is served on 127.0.0.1 with the "
-                        "engine options below")
-    p.add_argument("--served-model-name", default=None,
-                   help="the request's model field (default: the first of /v1/models)")
-    p.add_argument("--rates", type=_rates, default=[1.0, 2.0, 4.0, math.inf],
-                   help="comma-separated request rates per second; inf sends all at once")
-    p.add_argument("--requests", type=int, default=64, help="requests per rate")
-    p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--range-ratio", type=float, default=0.0,
-                   help="lengths uniform in [len*(1-r), len*(1+r)]")
-    p.add_argument("--burstiness", type=float, default=1.0,
-                   help="gamma shape of the arrivals: 1 is Poisson, <1 burstier, >1 steadier")
-    p.add_argument("--max-concurrency", type=int, default=None,
-                   help="at most this many requests in flight")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--prompt-format", choices=("ids", "text"), default="ids",
-                   help="send token ids, or text decoded from them with --model's tokenizer")
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help="draw prompt ids below this (default: --model's vocab_size)")
-    p.add_argument("--request-timeout", type=float, default=120.0,
-                   help="seconds a request may wait for its next byte")
-    p.add_argument("--max-duration", type=float, default=600.0,
-                   help="seconds per rate before unfinished requests count as failed")
-    p.add_argument("--server-timeout", type=float, default=180.0,
-                   help="seconds the started server has to turn healthy")
-    p.add_argument("--json", action="store_true", help="print one JSON list on stdout")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    EngineConfig.add_cli_args(p)
-
-
-def main(args: argparse.Namespace) -> int:
-    try:
-        results = run_bench(
-            args.url, args.rates, args.requests, args.input_len, args.output_len,
-            args.range_ratio, args.burstiness, args.max_concurrency, args.seed, args.model,
-            args.served_model_name, args.vocab_size, args.prompt_format,
-            request_timeout_s=args.request_timeout, max_duration_s=args.max_duration,
-            server_timeout_s=args.server_timeout, progress=not args.no_progress,
-            engine_args=tuple(engine_argv(engine_options_set(args))))
-    except (ValueError, RuntimeError) as e:
-        print(f"nanoserve bench serve: error: {e}", file=sys.stderr)
-        return 2
-    results = rounded(results)
-    r0 = results[0]
-    where = args.url or (f"a local nanoserve serve (device {args.device}, "
-                         f"max_num_seqs {args.max_num_seqs}, {os.cpu_count()} host cores)")
-    print_table(results, f"nanoserve bench serve: {r0['model']} on {where}; {args.requests} "
-                         f"requests of {args.input_len} in/{args.output_len} out per rate, "
-                         f"range_ratio {args.range_ratio}, burstiness {args.burstiness}, "
-                         f"max_concurrency {args.max_concurrency}, seed {args.seed}")
-    for r in results:
-        for error, count in r["errors"].items():
-            print(f"rate {r['rate']}: {count} failed: {error}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(results))
-    return 0 if all(r["failed"] == 0 for r in results) else 1
