@@ -116,3 +116,18 @@ def test_the_defaults_of_the_flags_are_the_defaults_of_the_fields():
     for name in EngineConfig.names():
         default = EngineConfig.__dataclass_fields__[name].default
         assert getattr(ns, name) == (None if name == "model" else default), name
+
+
+def test_the_server_gets_its_own_budget_and_keeps_every_one_it_is_given():
+    from nanoserve.config.engine import DEFAULT_BATCHED_TOKENS, SERVE_BATCHED_TOKENS
+
+    assert SERVE_BATCHED_TOKENS < DEFAULT_BATCHED_TOKENS
+    assert EngineConfig().for_serving().max_num_batched_tokens == SERVE_BATCHED_TOKENS
+    assert EngineConfig().resolve_max_num_batched_tokens(1024) == DEFAULT_BATCHED_TOKENS
+    wide = EngineConfig(max_num_seqs=SERVE_BATCHED_TOKENS + 8).for_serving()
+    assert wide.max_num_batched_tokens == SERVE_BATCHED_TOKENS + 8  # a full batch decodes
+    given = EngineConfig(max_num_batched_tokens=512)
+    assert given.for_serving() is given
+    whole = EngineConfig(enable_chunked_prefill=False)
+    assert whole.for_serving() is whole
+    assert whole.for_serving().resolve_max_num_batched_tokens(1024) == 1024

@@ -112,11 +112,15 @@ def main(args: argparse.Namespace) -> int:
             return 2
         template = path.read_text()
     try:
-        config = EngineConfig.from_cli_args(args)
+        config = EngineConfig.from_cli_args(args).for_serving()
         engine = build_engine(config, max_waiting=args.max_waiting)
     except ValueError as e:
         print(f"nanoserve serve: error: {e}", file=sys.stderr)
         return 2
+    log.info("token budget: %s tokens a step, chunked prefill %s, prefix caching %s",
+             config.max_num_batched_tokens or "max_model_len",
+             "on" if config.enable_chunked_prefill else "off",
+             "on" if config.enable_prefix_caching else "off")
     snap = engine.snapshot()
     if snap.decode_windows is not None:  # say which kind of window this is: a CPU has no capture
         log.info("decode windows: %s", snap.decode_windows)
