@@ -94,7 +94,7 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $@
 
-bench-peers: setup $(VLLM_STAMP) ## the offline tables with vLLM's CPU build added, then serving: vLLM vs nanoserve
+bench-peers: setup $(VLLM_STAMP) ## the offline tables with vLLM's CPU build added, then serving and prefix caching: vLLM vs nanoserve
 	@$(call offline_tables,nanoserve$(comma)hf$(comma)hf-cb$(comma)vllm,-peers,--threads 1)
 	@set -e; mkdir -p build/bench; log=build/bench/vllm-serve.log; \
 	echo "+ vLLM's OpenAI server on $(TINY), 127.0.0.1:$(VLLM_PORT) (log: $$log)"; \
@@ -111,6 +111,9 @@ bench-peers: setup $(VLLM_STAMP) ## the offline tables with vLLM's CPU build add
 	@echo "+ nanoserve bench serve (a local nanoserve serve on $(TINY))"
 	$(PY) -m nanoserve.cli bench serve $(SERVE_LOAD) --dtype float32 --max-num-seqs 8 \
 	  --no-progress --json > build/bench/serve-nanoserve.json
+	@echo "+ prefix caching, vLLM vs nanoserve, on and off (Day 45's recorded rows)"
+	$(PY) -m chapters.day45_prefix_measured.peers \
+	  --record chapters/day45_prefix_measured/results/prefix-peers.json
 
 stress: setup ## the long stress test: 200 requests through a cramped pool, with aborts
 	$(PY) -m nanoserve.cli bench stress --requests 200 --num-kv-blocks 20 --abort-rate 0.05 --seed 7
