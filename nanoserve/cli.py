@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("bench", help="benchmarks and harnesses")
     bsub = b.add_subparsers(dest="bench", required=True)
     from .bench import batchbench, graphbench, offline, schedbench, soak, stress
-    from .bench import serve as serve_bench
+    from .bench import serve_cli as serve_bench
 
     schedbench.add_arguments(bsub.add_parser("sched", help="the scheduler without a model"))
     batchbench.add_arguments(bsub.add_parser("batch", help="the engine on a seeded workload"))

@@ -437,7 +437,7 @@ def test_engine_flags_reach_the_started_server_as_its_own():
     import argparse
 
     from nanoserve.bench.local_server import engine_argv, engine_options_set
-    from nanoserve.bench.serve import add_arguments
+    from nanoserve.bench.serve_cli import add_arguments
     from nanoserve.config import EngineConfig
     from nanoserve.entrypoints.openai import serve
 

@@ -38,7 +38,6 @@ from pathlib import Path
 from ..config import DEFAULT_MODEL
 from . import run_sync
 from .local_server import LocalServer, local_server
-from .serve_cli import add_arguments, main  # noqa: F401  (the CLI, importable from here)
 from .serve_metrics import (  # noqa: F401  (ROWS, METRICS: importable from here, as before)
     METRICS,
     ROWS,

@@ -4,7 +4,6 @@ Why this module exists: the benchmark (``serve.py``) is a function, ``run_bench`
 command line in front of it. Its flags are vLLM's ``vllm bench serve`` flags where vLLM has them
 (``--dataset-name``, ``--prefix-repetition-*``, ``--max-concurrency``, ``--burstiness``), then
 every engine flag of ``nanoserve serve`` for the server it starts without ``--url``.
-``nanoserve.bench.serve`` re-exports ``add_arguments`` and ``main``.
 """
 
 from __future__ import annotations
