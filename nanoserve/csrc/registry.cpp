@@ -1,0 +1,35 @@
+// The schemas, under one namespace, and their CPU implementations.
+//
+// Every op writes into tensors it is given and returns nothing; the schema marks each written
+// argument (Tensor(a!)) so that torch.compile keeps the op opaque and orders it correctly. The
+// fake implementations that let the compiler trace through them live in nanoserve/csrc/ops.py.
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(nanoserve, m) {
+  m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+  m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()");
+  m.def("rope_and_cache(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor cos, Tensor sin, "
+        "Tensor(c!) k_pool, Tensor(d!) v_pool, Tensor cells) -> ()");
+  m.def("paged_decode_attention(Tensor(a!) out, Tensor q, Tensor k_pool, Tensor v_pool, "
+        "Tensor block_table, Tensor context_lens, int block_size, float scale) -> ()");
+  m.def("small_gemm_available() -> bool");
+  m.def("pack_small_gemm(Tensor weight) -> Tensor");
+  m.def("small_gemm(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
+  m.impl("rms_norm", &nanoserve::rms_norm);
+  m.impl("fused_add_rms_norm", &nanoserve::fused_add_rms_norm);
+  m.impl("silu_and_mul", &nanoserve::silu_and_mul);
+  m.impl("rope_and_cache", &nanoserve::rope_and_cache);
+  m.impl("paged_decode_attention", &nanoserve::paged_decode_attention);
+  m.impl("pack_small_gemm", &nanoserve::pack_small_gemm);
+  m.impl("small_gemm", &nanoserve::small_gemm);
+}
+
+TORCH_LIBRARY_IMPL(nanoserve, CompositeExplicitAutograd, m) {
+  m.impl("small_gemm_available", &nanoserve::small_gemm_available);
+}

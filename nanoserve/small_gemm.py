@@ -1,0 +1,95 @@
+"""Which matmul a decode-sized bf16 linear runs: oneDNN's packed one, or the small-M kernel.
+
+Why this module exists: a linear at decode size streams its weight once per step, and how fast
+it streams depends on the kernel and on the processor. ``csrc/small_gemm.cpp`` streams a
+repacked bf16 weight with AVX512-BF16 dot products; oneDNN blocks for larger batches, and on a
+CPU with AMX its tile kernels win as soon as a few rows share the weight. Neither is faster
+everywhere, so neither is chosen from CPU flags: at load, each distinct weight shape is timed
+both ways at 1, 2, 4 and 8 rows, and the small kernel takes the row counts up to the first where
+it loses (``small_rows``; 0 keeps oneDNN alone and the repacked copy is never made). The
+choice is cached per CPU model, torch version, thread count and shape in
+``build/small_gemm.json``, so an engine's defaults are the same from one run to the next.
+
+    rows = choose(N, K)  # 0: oneDNN only; r: batches of at most r rows take the small kernel
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from . import csrc
+
+ROWS = (1, 2, 4, 8)
+REPS = 7
+
+
+def cache_path() -> Path:
+    return csrc.build_dir().parent / "small_gemm.json"
+
+
+def unavailable() -> str | None:
+    """Why the small kernel cannot run here, or None."""
+    why = csrc.load()
+    if why:
+        return why
+    if not torch.ops.nanoserve.small_gemm_available():
+        return "the C++ ops were built without AVX512-BF16 (no dpbf16 on this CPU)"
+    return None
+
+
+def _best(fn) -> float:
+    fn()
+    times = []
+    for _ in range(REPS):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def measure(N: int, K: int) -> dict[int, float]:
+    """oneDNN time / small-kernel time at each row count, on random weights of this shape."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(N, K, generator=g).bfloat16()
+    dnn = torch.ops.mkldnn._reorder_linear_weight(w, 8)
+    small = torch.ops.nanoserve.pack_small_gemm(w)
+    ratios = {}
+    for m in ROWS:
+        x = torch.randn(m, K, generator=g).bfloat16()
+        out = torch.empty(m, N, dtype=torch.bfloat16)
+        t_small = _best(lambda x=x, out=out: torch.ops.nanoserve.small_gemm(out, x, small, None))
+        t_dnn = _best(lambda x=x: torch.ops.mkldnn._linear_pointwise(x, dnn, None, "none", [],
+                                                                      ""))
+        ratios[m] = t_dnn / t_small
+    return ratios
+
+
+def choose(N: int, K: int) -> int:
+    """The largest row count up to which the small kernel won every measured count (0: none)."""
+    if K % 2 or unavailable():
+        return 0
+    key = f"{csrc.cpu_model()}|torch {torch.__version__}|{torch.get_num_threads()} threads|" \
+          f"{N}x{K}"
+    path = cache_path()
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        ratios = measure(N, K)
+        rows = 0
+        for m in ROWS:
+            if ratios[m] <= 1.0:
+                break
+            rows = m
+        known[key] = {"rows": rows, "onednn_over_small": {str(m): round(r, 3)
+                                                          for m, r in ratios.items()}}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{id(known)}.tmp")
+        tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
+        tmp.replace(path)  # atomic: a concurrent engine reads the old file or the new one
+    return int(known[key]["rows"])
