@@ -24,15 +24,18 @@ over its own core; both take the options of ``EngineConfig`` (``config/engine.py
 every default and every check.
 
 How a step is computed is chosen too, each fast path beside the plain one it replaces:
-``prefill="packed"`` (default) or ``"padded"`` (Day 27); ``attention="gathered"`` (default, Day 50)
-or ``"reference"`` (Day 28's rectangle); ``compile=True`` for a decode forward through
-``torch.compile`` (Day 49; off by default, its warm-up in ``engine.compiled.warmup_s``, its graphs
-counted in ``engine.compiled.compiles``). ``dtype="auto"`` on a CPU is bfloat16 where the processor
-multiplies bf16 natively (AMX or AVX512-BF16) and float32 elsewhere; ``llm.dtype`` and
-``llm.dtype_reason`` say which, and so does a log line. Logits reach the sampler in float32 either
-way. ``prepack="auto"`` reorders every linear weight once, at load, into oneDNN's blocked layout
-when the model is bf16 on a CPU (bit-identical to ``F.linear`` there, and faster at decode sizes);
-``llm.prepacked`` and ``llm.prepack_reason`` say what was chosen (``prepack.py``).
+``prefill="packed"`` (default) or ``"padded"`` (Day 27); ``attention="cpu"`` (Day 55's C++ kernel,
+what ``"auto"`` picks where the C++ ops load), ``"gathered"`` (Day 50, auto's choice elsewhere) or
+``"reference"`` (Day 28's rectangle); ``kernels="auto"`` runs the forward through the C++ CPU ops
+(Day 54, ``fused.py``), and ``llm.kernels`` and ``llm.kernels_reason`` say whether and why;
+``compile=True`` for a decode forward through ``torch.compile`` (Day 49; off by default, its
+warm-up in ``engine.compiled.warmup_s``, its graphs counted in ``engine.compiled.compiles``).
+``dtype="auto"`` on a CPU is bfloat16 where the processor multiplies bf16 natively (AMX or
+AVX512-BF16) and float32 elsewhere; ``llm.dtype`` and ``llm.dtype_reason`` say which, and so does a
+log line. Logits reach the sampler in float32 either way. ``prepack="auto"`` reorders every linear
+weight once, at load, into oneDNN's blocked layout when the model is bf16 on a CPU (bit-identical
+to ``F.linear`` there, and faster at decode sizes); ``llm.prepacked`` and ``llm.prepack_reason``
+say what was chosen (``prepack.py``).
 
 A reply ends by the first rule that fires, checked in this order after every token: an EOS id
 (unless ``ignore_eos``), a ``stop_token_ids`` id, a ``stop`` string (the text is cut before it),
@@ -128,6 +131,8 @@ class LLM:
         self.device, self.dtype, self.dtype_reason = loaded.device, loaded.dtype, \
             loaded.dtype_reason
         self.prepacked, self.prepack_reason = loaded.prepacked, loaded.prepack_reason
+        self.kernels, self.kernels_reason = loaded.kernels, loaded.kernels_reason
+        self.attention = loaded.attention  # what attention="auto" chose
         self.eos_token_ids, self.max_model_len = loaded.eos_token_ids, loaded.max_model_len
         self.batching, self.allocation = config.batching, config.allocation
         self.max_num_seqs, self.enable_kv_cache = config.max_num_seqs, config.enable_kv_cache

@@ -5,7 +5,8 @@ the same engine core, and the core stands on what a config asks for. Loading it 
 means the two doors cannot differ in how a dtype is chosen, whether weights are packed, or how
 large the KV pool is. It reads ``config.json`` (``ModelConfig``), settles ``max_model_len``
 against the model, loads the tokenizer and the weights, says which dtype ``"auto"`` chose and why,
-pre-packs the linears where that pays, sizes the pool, and builds the ``Engine``.
+pre-packs the linears where that pays, turns the C++ CPU ops on where they load (``csrc/``; an
+unset ``attention`` then reads through their kernel), sizes the pool, and builds the ``Engine``.
 
 Without ``num_kv_blocks`` the pool holds ``max_num_seqs`` full-length sequences, capped at
 ``DEFAULT_KV_BYTES`` (1 GiB).
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import EngineConfig, ModelConfig
+from .csrc import resolve as resolve_kernels
 from .engine import Engine
 from .prepack import prepack_model
 from .prepack import resolve as resolve_prepack
@@ -43,6 +45,9 @@ class LoadedEngine:
     dtype_reason: str
     prepacked: bool
     prepack_reason: str
+    kernels: bool
+    kernels_reason: str
+    attention: str
     eos_token_ids: frozenset[int]
     max_model_len: int
     engine: Engine
@@ -78,17 +83,23 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     why = dtype_reason(cfg.dtype, device)
     log.info("dtype=%s: %s (%s)", cfg.dtype, str(dtype).removeprefix("torch."), why)
     prepacked, prepack_why = resolve_prepack(cfg.prepack, device, dtype, cfg.compile)
+    kernels, kernels_why = resolve_kernels(cfg.kernels, device, dtype)
     if prepacked:
-        prepack_model(model)
+        prepack_model(model, small_gemm=kernels and dtype == torch.bfloat16)
     log.info("prepack=%s: %s (%s)", cfg.prepack, "packed" if prepacked else "plain",
              prepack_why)
+    model.kernels = kernels  # Llama.forward goes through fused.py
+    attention = cfg.attention if cfg.attention != "auto" else "cpu" if kernels else "gathered"
+    log.info("kernels=%s: %s (%s); attention=%s", cfg.kernels, "on" if kernels else "off",
+             kernels_why, attention)
     eos = tokenizer.eos_token_ids if tokenizer else ()
     num_kv_blocks = cfg.num_kv_blocks or default_num_kv_blocks(
         mc, cfg.max_num_seqs, max_model_len, cfg.block_size,
         model.embed_tokens.weight.element_size())
     engine = Engine(model, num_kv_blocks, cfg.block_size, cfg.max_num_seqs, max_model_len,
                     fail_on_step=frozenset(cfg.fail_on_step), prefill=cfg.prefill,
-                    attention=cfg.attention, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs,
+                    attention=attention, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs,
                     prefix_caching=cfg.enable_prefix_caching)
     return LoadedEngine(cfg, mc, tokenizer, model, device, dtype, why, prepacked, prepack_why,
-                        frozenset(eos or mc.eos_token_ids), max_model_len, engine)
+                        kernels, kernels_why, attention, frozenset(eos or mc.eos_token_ids),
+                        max_model_len, engine)

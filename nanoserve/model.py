@@ -159,10 +159,14 @@ class Llama(nn.Module):
             cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.packed_head = None  # the LM head's weight packed for oneDNN (nanoserve/prepack.py)
+        self.kernels = False  # True: forward runs through the C++ ops (nanoserve/fused.py)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 backend: AttentionBackend | None = None) -> torch.Tensor:
         """input_ids, positions (B, T) -> hidden (B, T, E)."""
+        if self.kernels:
+            from .fused import fused_forward
+            return fused_forward(self, input_ids, positions, backend)
         x = self.embed_tokens(input_ids)  # (B, T, E)
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
         for layer in self.layers:

@@ -128,6 +128,13 @@ class BatchedPagedKVCache:
             raise ValueError(f"attention={attention!r}; choose one of {ATTENTION_PATHS}")
         if attention == "triton":  # import now: a missing Triton mode fails here, not mid-step
             from . import kernels  # noqa: F401
+        if attention == "cpu":  # the C++ kernel: refused now if it cannot load, not mid-step
+            from . import csrc
+            if device != "cpu" and torch.device(device).type != "cpu":
+                raise ValueError(f"attention='cpu' is a CPU kernel; the cache is on {device}")
+            why = csrc.load()
+            if why:
+                raise ValueError(f"attention='cpu' needs the C++ ops: {why}")
         self.attention = attention  # the decode read: Day 28's rectangle or Day 50's mapping
         self.gathered = GatheredIndex(max_num_seqs, device=device)
         cells = num_blocks * block_size
@@ -245,8 +252,9 @@ class BatchedPagedKVCache:
                               grows, write_flat=cells, starts=starts)
             if self.attention == "gathered":
                 step.gathered = self.gathered.update(rows, ctx, cells, self.slots.cells)
-            elif self.attention == "triton":  # each block's first cell / bs: its id (-1 past end)
-                step.blocks = self.slots.cells[rows, ::bs][:, :-(-max(ctx) // bs)] // bs
+            elif self.attention in ("triton", "cpu"):  # a block's first cell / bs: its id
+                step.blocks = (self.slots.cells[rows, ::bs][:, :-(-max(ctx) // bs)]
+                               // bs).contiguous()  # (B, W), -1 past each row's end
             else:
                 step.read_cells = self.slots.cells[rows, :max(ctx)]  # (B, S): the rectangle
         else:  # the padded rectangle (Day 27): (B, T), -1 where a row has no token
@@ -280,11 +288,24 @@ class BatchedPagedKVCache:
             new_k, new_v = new_k[step.write_sel], new_v[step.write_sel]
         self.k[layer].index_copy_(0, step.write_flat, new_k)
         self.v[layer].index_copy_(0, step.write_flat, new_v)
+        return self.attend_written(layer, q, k, v, positions)
+
+    def write_cells(self) -> torch.Tensor:
+        """(B*T,) the pool cell of every token of this step's forward, in its stream order, -1
+        for padding: where a caller that writes K/V itself (``fused.py``) puts them."""
+        return self._step.write_cells.reshape(-1).contiguous()
+
+    def attend_written(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       positions: torch.Tensor) -> torch.Tensor:
+        """``attend`` once the step's K/V are already in their cells: the read alone."""
+        step = self._step
         kp, vp = self.k[layer], self.v[layer]
         if step.packed_lens is not None:
             if step.read_cells is None:  # every prompt starts at 0: its keys are the new ones
                 return packed_prefill_attention(q, k, v, step.packed_lens)
             return self._attend_mixed(q, k, v, kp, vp, positions, step)
+        if step.blocks is not None and self.attention == "cpu":
+            return self._cpu_decode(q, kp, vp, step.blocks, step.context_lens)
         if step.blocks is not None:
             from .kernels import paged_attention
             return paged_attention(q, kp, vp, step.blocks, step.context_lens, self.block_size)
@@ -317,9 +338,14 @@ class BatchedPagedKVCache:
                 n = e - b
                 qd = q[0, :, s:s + n].transpose(0, 1)[:, :, None]  # (m, Hq, 1, D)
                 ctx = max(step.ctx[b:e])
-                got = paged_attention_batched_reference(
-                    qd, kp, vp, step.read_cells[b:e, :ctx], positions[0, s:s + n, None],
-                    step.context_lens[b:e])  # (m, Hq, 1, D)
+                if self.attention == "cpu":  # the kernel, on the rows' own blocks
+                    blocks = (step.read_cells[b:e, :ctx:self.block_size]
+                              // self.block_size).contiguous()  # (m, W)
+                    got = self._cpu_decode(qd, kp, vp, blocks, step.context_lens[b:e])
+                else:
+                    got = paged_attention_batched_reference(
+                        qd, kp, vp, step.read_cells[b:e, :ctx], positions[0, s:s + n, None],
+                        step.context_lens[b:e])  # (m, Hq, 1, D)
                 out[0, :, s:s + n] = got[:, :, 0].transpose(0, 1)
             else:  # a continued chunk: its new queries over everything its row holds
                 n = lens[b]
@@ -329,6 +355,14 @@ class BatchedPagedKVCache:
             s += n
             b = e
         return out
+
+    def _cpu_decode(self, q, kp, vp, blocks, context_lens) -> torch.Tensor:
+        """q (B, Hq, 1, D) through the C++ kernel (csrc/decode_attention.cpp) -> (B, Hq, 1, D)."""
+        qc = q[:, :, 0].contiguous()  # (B, Hq, D)
+        out = torch.empty_like(qc)
+        torch.ops.nanoserve.paged_decode_attention(out, qc, kp, vp, blocks, context_lens,
+                                                   self.block_size, q.shape[-1] ** -0.5)
+        return out[:, :, None]
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()

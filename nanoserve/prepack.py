@@ -9,7 +9,10 @@ every step. Measured on this 2-core x86 CPU (AVX512-BF16, one torch thread), 8 r
 576 -> 1536 went from 130 us to 86 us, and the 576 -> 49152 LM head from 8.7 ms to 4.5 ms.
 
 In bfloat16 the packed call runs the same oneDNN kernel as ``F.linear`` and gives bit-identical
-results, so ``prepack="auto"`` turns it on for bf16 on a CPU. In float32 oneDNN's packed kernel
+results, so ``prepack="auto"`` turns it on for bf16 on a CPU. Where the C++ ops are loaded
+(``kernels``), a bf16 shape also keeps a copy of its weight for the small-M kernel if
+``small_gemm.choose`` timed it faster at decode sizes; those batches then sum in another order
+(bf16 results within a rounding step, no longer bit-identical to ``F.linear``). In float32 oneDNN's packed kernel
 accumulates in another order (differences near 1e-4 relative), so float32 packs only when
 asked (``prepack=True``), and the plain path stays the reference.
 
@@ -69,32 +72,59 @@ class PackedLinear(nn.Module):
     """``nn.Linear`` with its weight held in oneDNN's blocked layout (an opaque mkldnn tensor)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 rows_hint: int = DECODE_ROWS_HINT):
+                 rows_hint: int = DECODE_ROWS_HINT, small_rows: int = 0):
         super().__init__()
         self.out_features, self.in_features = weight.shape  # (N, E)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint)
         self.bias = None if bias is None else bias.detach()
+        # Batches of at most small_rows rows take csrc/small_gemm.cpp (small_gemm.py chose it
+        # for this shape by timing both); they read their own repacked copy of the weight.
+        self.small_rows = small_rows
+        self.small = (torch.ops.nanoserve.pack_small_gemm(weight.detach()) if small_rows
+                      else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., E) -> (..., N)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias,
-                                                  "none", [], "")
+        x = x.contiguous()
+        rows = x.numel() // self.in_features
+        if rows <= self.small_rows and x.dtype == torch.bfloat16:
+            out = x.new_empty(*x.shape[:-1], self.out_features)
+            torch.ops.nanoserve.small_gemm(out.view(rows, -1), x.view(rows, -1), self.small,
+                                           self.bias)
+            return out
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+        small = f", small-M kernel up to {self.small_rows} rows" if self.small_rows else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"packed{small}")
 
 
-def prepack_model(model: nn.Module) -> int:
+def prepack_model(model: nn.Module, small_gemm: bool = False) -> int:
     """Swap every ``nn.Linear`` under ``model.layers`` for a ``PackedLinear``, and give the
-    model a packed LM head (``model.packed_head``). Returns how many weights were packed."""
+    model a packed LM head (``model.packed_head``). With ``small_gemm`` (bf16, the C++ ops
+    loaded), each shape also takes the small-M kernel where ``small_gemm.choose`` measured it
+    faster. Returns how many weights were packed."""
     if model.packed_head is not None:
         raise ValueError("this model's weights are already packed")
+    chosen: dict[tuple[int, int], int] = {}
+
+    def rows_for(weight: torch.Tensor) -> int:
+        if not small_gemm or weight.dtype != torch.bfloat16:
+            return 0
+        if weight.shape not in chosen:
+            from .small_gemm import choose
+            chosen[weight.shape] = choose(*weight.shape)
+        return chosen[weight.shape]
+
     count = 0
     for layer in model.layers:
         for parent in (layer.self_attn, layer.mlp):
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
-                    setattr(parent, name, PackedLinear(child.weight, child.bias))
+                    setattr(parent, name, PackedLinear(child.weight, child.bias,
+                                                       small_rows=rows_for(child.weight)))
                     count += 1
     head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    model.packed_head = PackedLinear(head, None)  # tied: the embedding keeps its own copy
-    return count + 1
+    model.packed_head = PackedLinear(head, None, small_rows=rows_for(head))  # tied: the
+    model.small_gemm_rows = {f"{n}x{k}": r for (n, k), r in chosen.items()}  # embedding keeps
+    return count + 1  # its own copy

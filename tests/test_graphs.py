@@ -240,7 +240,7 @@ def test_speed_flags_parse_unbundled():
     cfg = EngineConfig.from_cli_args(parse("--no-compile", "--attention", "reference"))
     assert (cfg.compile, cfg.attention) == (False, "reference")
     assert EngineConfig.from_cli_args(parse("--compile")).compile is True
-    assert EngineConfig.from_cli_args(parse()).attention == "gathered"
+    assert EngineConfig.from_cli_args(parse()).attention == "auto"
 
 
 def test_build_engine_threads_each_option(checkpoint):

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from .engine import (
     ALLOCATION_POLICIES,
+    ATTENTION_CHOICES,
     ATTENTION_PATHS,
     BATCHING_POLICIES,
     DEFAULT_MODEL,
+    KERNEL_CHOICES,
     PREFILL_POLICIES,
     PREPACK_CHOICES,
     ConfigError,
@@ -20,6 +22,6 @@ from .engine import (
 )
 from .model import ModelConfig, _as_id_tuple
 
-__all__ = ["ALLOCATION_POLICIES", "ATTENTION_PATHS", "BATCHING_POLICIES", "DEFAULT_MODEL",
-           "PREFILL_POLICIES", "PREPACK_CHOICES", "ConfigError", "EngineConfig", "ModelConfig",
-           "_as_id_tuple"]
+__all__ = ["ALLOCATION_POLICIES", "ATTENTION_CHOICES", "ATTENTION_PATHS", "BATCHING_POLICIES",
+           "DEFAULT_MODEL", "KERNEL_CHOICES", "PREFILL_POLICIES", "PREPACK_CHOICES", "ConfigError",
+           "EngineConfig", "ModelConfig", "_as_id_tuple"]

@@ -32,10 +32,12 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "checkpoints" / "nanoserve
 BATCHING_POLICIES = ("continuous", "static")
 ALLOCATION_POLICIES = ("reserve", "incremental")
 PREFILL_POLICIES = ("packed", "padded")
-ATTENTION_PATHS = ("reference", "gathered", "triton")
+ATTENTION_PATHS = ("reference", "gathered", "triton", "cpu")
+ATTENTION_CHOICES = ("auto", *ATTENTION_PATHS)  # auto: the C++ kernel where the ops load
 DEFAULT_BATCHED_TOKENS = 512  # one step's budget offline (LLM): throughput, few long steps
 SERVE_BATCHED_TOKENS = 128  # nanoserve serve's: streams wait out each step (Day 42 measured it)
 PREPACK_CHOICES = ("auto", True, False)
+KERNEL_CHOICES = ("auto", True, False)
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "float", "bf16", "fp16", "half")
 
 
@@ -113,8 +115,14 @@ class EngineConfig:
     # How a step is computed: each fast path beside the plain one it replaces.
     prefill: str = option("packed", "packed: the prompts as one stream; padded: Day 27's "
                           "rectangle", choices=PREFILL_POLICIES)
-    attention: str = option("gathered", "the decode read: Day 28's rectangle, Day 50's gathered "
-                            "mapping or the Triton kernel", choices=ATTENTION_PATHS)
+    attention: str = option("auto", "the decode read: Day 28's rectangle, Day 50's gathered "
+                            "mapping, the Triton kernel or the C++ CPU kernel (Day 55); auto: "
+                            "cpu where the C++ ops are on, else gathered",
+                            choices=ATTENTION_CHOICES)
+    kernels: bool | str = option("auto", "the C++ CPU ops (Days 54-55): fused norm, RoPE with "
+                                 "the cache write, SiLU-and-multiply; auto: on a CPU where they "
+                                 "build", choices=KERNEL_CHOICES,
+                                 cli={"type": _tristate, "metavar": "{auto,on,off}"})
     compile: bool | str = option(False, "decode through torch.compile (Day 49); the API also "
                                  "takes a backend name")
     cuda_graphs: bool = option(False, "decode through recorded windows (Day 57); eager replay "

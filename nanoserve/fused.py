@@ -1,0 +1,84 @@
+"""The Llama forward through the C++ ops: the same arithmetic as ``model.py``, fewer passes.
+
+Why this module exists: ``model.py`` is the reference, written op for op like Hugging Face's so
+it can be held against transformers. On a CPU its small ops cost as much as its matmuls at
+decode sizes. This forward keeps every matmul (plain or packed) and replaces the rest:
+
+- the residual stream is carried beside the hidden state, and each add is fused into the next
+  norm (``fused_add_rms_norm``: ``residual += h; h = norm(residual)``), as vLLM's layers do;
+- RoPE rotates q and k in place, in the qkv projection's own output, and writes k and v into
+  their pool cells in the same pass (``rope_and_cache``), when the attention backend can say
+  where a step's tokens go (``write_cells()``) and then read without writing again
+  (``attend_written``); other backends (Day 7's cache, graph windows, the compiled decode's
+  opaque one) get rotated q, k, v and write them themselves;
+- SiLU-and-multiply writes the MLP's product straight into one buffer.
+
+float32 results differ from the reference only where a sum is taken in another order (the
+norm's sum of squares, the attention's dot products), so greedy tokens match; bf16 rounds where
+the reference rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .model import causal_attention, rope_cos_sin
+
+ops = torch.ops.nanoserve
+
+
+def _attention(attn, h, cos, sin, positions, backend, cells, layer: int):
+    B, T, _ = h.shape  # (B, T, E)
+    Hq, Hkv, D = attn.hq, attn.hkv, attn.d
+    qkv = attn.qkv_proj(h)  # (B, T, (Hq + 2 Hkv) D)
+    q = qkv[..., :Hq * D].view(B * T, Hq, D)  # views into qkv: rotated in place
+    k = qkv[..., Hq * D:(Hq + Hkv) * D].view(B * T, Hkv, D)
+    v = qkv[..., (Hq + Hkv) * D:].view(B * T, Hkv, D)
+    if cells is not None:
+        ops.rope_and_cache(q, k, v, cos, sin, backend.k[layer], backend.v[layer], cells)
+    else:
+        none = qkv.new_empty(0, Hkv, D)
+        ops.rope_and_cache(q, k, v, cos, sin, none, none,
+                           torch.full((B * T,), -1, dtype=torch.long, device=h.device))
+    q4 = q.view(B, T, Hq, D).transpose(1, 2)  # (B, Hq, T, D)
+    k4 = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+    v4 = v.view(B, T, Hkv, D).transpose(1, 2)
+    if backend is None:
+        out = causal_attention(q4, k4, v4)
+    elif cells is not None:
+        out = backend.attend_written(layer, q4, k4, v4, positions)
+    else:
+        out = backend.attend(layer, q4, k4, v4, positions)
+    return attn.o_proj(out.transpose(1, 2).reshape(B, T, Hq * D))
+
+
+def _mlp(mlp, h):
+    gu = mlp.gate_up_proj(h)  # (B, T, 2I)
+    act = gu.new_empty(*gu.shape[:-1], mlp.i)  # (B, T, I)
+    ops.silu_and_mul(act, gu)
+    return mlp.down_proj(act)
+
+
+def fused_forward(model, input_ids: torch.Tensor, positions: torch.Tensor,
+                  backend=None) -> torch.Tensor:
+    """input_ids, positions (B, T) -> hidden (B, T, E), as ``Llama.forward`` computes it."""
+    residual = model.embed_tokens(input_ids)  # (B, T, E): the stream, updated in place
+    B, T, E = residual.shape
+    D = model.cfg.head_dim
+    cos, sin = rope_cos_sin(model.inv_freq, positions, residual.dtype)  # (B, 1, T, D)
+    cos, sin = cos.reshape(B * T, D), sin.reshape(B * T, D)
+    cells = None
+    if backend is not None and hasattr(backend, "attend_written"):
+        cells = backend.write_cells()  # (B * T,) this step's pool cells, -1 for padding
+    eps = model.cfg.rms_norm_eps
+    h = torch.empty_like(residual)
+    for i, layer in enumerate(model.layers):
+        if i == 0:
+            ops.rms_norm(h, residual, layer.input_layernorm.weight, eps)
+        else:
+            ops.fused_add_rms_norm(h, residual, layer.input_layernorm.weight, eps)
+        h = _attention(layer.self_attn, h, cos, sin, positions, backend, cells, i)
+        ops.fused_add_rms_norm(h, residual, layer.post_attention_layernorm.weight, eps)
+        h = _mlp(layer.mlp, h)
+    ops.fused_add_rms_norm(h, residual, model.norm.weight, eps)
+    return h
