@@ -12,9 +12,11 @@ In bfloat16 the packed call runs the same oneDNN kernel as ``F.linear`` and give
 results, so ``prepack="auto"`` turns it on for bf16 on a CPU. Where the C++ ops are loaded
 (``kernels``), a bf16 shape also keeps a copy of its weight for the small-M kernel if
 ``small_gemm.choose`` timed it faster at decode sizes; those batches then sum in another order
-(bf16 results within a rounding step, no longer bit-identical to ``F.linear``). In float32 oneDNN's packed kernel
-accumulates in another order (differences near 1e-4 relative), so float32 packs only when
-asked (``prepack=True``), and the plain path stays the reference.
+(bf16 results within a rounding step, no longer bit-identical to ``F.linear``).
+
+In float32 oneDNN's packed kernel accumulates in another order (differences near 1e-4
+relative), so float32 packs only when asked (``prepack=True``), and the plain path stays the
+reference.
 
     LLM(..., prepack="auto")   # bf16 on a CPU: packed; anything else: plain F.linear
     LLM(..., prepack=True)     # float32 too; refused where oneDNN cannot do it

@@ -54,6 +54,8 @@ def test_auto_turns_the_ops_and_their_attention_on_and_says_why():
     dict(kernels=True, attention="gathered"),
     dict(kernels=False, attention="cpu"),
     dict(kernels=True, prefill="padded", enable_chunked_prefill=False),
+    dict(kernels=True, batching="static"),  # held rows: written in place, never grown
+    dict(kernels=True, enable_kv_cache=False),  # no backend: causal attention over the prompt
 ], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_kernels_change_no_token(reference_tokens, options):
     llm, got = tokens(**options)
