@@ -20,9 +20,15 @@ reference.
 
     LLM(..., prepack="auto")   # bf16 on a CPU: packed; anything else: plain F.linear
     LLM(..., prepack=True)     # float32 too; refused where oneDNN cannot do it
+
+Under ``compile`` a packed linear is one opaque custom op (``nanoserve::packed_linear``), so the
+compiled decode keeps the packed weights instead of tracing ``F.linear``.
 """
 
 from __future__ import annotations
+
+import itertools
+import weakref
 
 import torch
 from torch import nn
@@ -60,14 +66,28 @@ def resolve(prepack: bool | str, device: torch.device, dtype: torch.dtype,
     if prepack is True:
         if why_not:
             raise ValueError(f"prepack=True: {why_not}")
-        if compile:
-            raise ValueError("prepack=True cannot combine with compile: the compiler traces "
-                             "F.linear and packs weights its own way")
         return True, "prepack=True"
-    if why_not or compile or dtype != torch.bfloat16:
-        return False, why_not or ("compile is on" if compile else
-                                  "float32 packs only when asked (not bit-identical)")
-    return True, "bf16 on a CPU: weights packed for oneDNN at load"
+    if why_not or dtype != torch.bfloat16:
+        return False, why_not or "float32 packs only when asked (not bit-identical)"
+    return True, "bf16 on a CPU: weights packed for oneDNN at load" + (
+        " (an opaque op under compile)" if compile else "")
+
+
+# The compiler cannot trace an opaque mkldnn tensor, so under torch.compile a packed linear is
+# one custom op that names its weight by a handle (an int the graph keeps as a constant).
+_HANDLES = itertools.count()
+_BY_HANDLE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("nanoserve::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
+    """x (..., E) -> (..., N) through the PackedLinear registered under ``handle``."""
+    return _BY_HANDLE[handle].run(x)
+
+
+@packed_linear.register_fake
+def _(x, handle, out_features):
+    return x.new_empty(*x.shape[:-1], out_features)
 
 
 class PackedLinear(nn.Module):
@@ -84,8 +104,15 @@ class PackedLinear(nn.Module):
         self.small_rows = small_rows
         self.small = (torch.ops.nanoserve.pack_small_gemm(weight.detach()) if small_rows
                       else None)
+        self.handle = next(_HANDLES)
+        _BY_HANDLE[self.handle] = self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., E) -> (..., N)
+        if torch.compiler.is_compiling():  # opaque to the compiler, which keeps the packing
+            return torch.ops.nanoserve.packed_linear(x, self.handle, self.out_features)
+        return self.run(x)
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         rows = x.numel() // self.in_features
         if rows <= self.small_rows and x.dtype == torch.bfloat16:

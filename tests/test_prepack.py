@@ -64,7 +64,7 @@ def test_auto_packs_bf16_on_a_cpu_and_nothing_else():
     assert resolve("auto", CPU, torch.bfloat16, compile=False)[0] is bf16_ok
     assert resolve("auto", CPU, torch.float32, compile=False) == (
         False, "float32 packs only when asked (not bit-identical)")
-    assert resolve("auto", CPU, torch.bfloat16, compile=True)[0] is False
+    assert resolve("auto", CPU, torch.bfloat16, compile=True)[0] is bf16_ok  # an opaque op
     assert resolve("auto", torch.device("cuda"), torch.bfloat16, compile=False)[0] is False
     assert resolve(False, CPU, torch.bfloat16, compile=False) == (False, "prepack=False")
 
@@ -73,7 +73,6 @@ def test_auto_packs_bf16_on_a_cpu_and_nothing_else():
     (("yes", CPU, torch.float32, False), "choose one of"),
     ((True, torch.device("cuda"), torch.float32, False), "CPU path"),
     ((True, CPU, torch.float16, False), "not torch.float16"),
-    ((True, CPU, torch.float32, True), "cannot combine with compile"),
 ])
 def test_impossible_requests_are_refused(args, problem):
     with pytest.raises(ValueError, match=problem):
@@ -85,3 +84,19 @@ def test_packing_twice_is_refused(hf_checkpoint):
     prepack_model(model)
     with pytest.raises(ValueError, match="already packed"):
         prepack_model(model)
+
+
+def test_the_compiled_decode_keeps_packed_weights_and_the_tokens(hf_checkpoint):
+    """Under compile each packed linear is one opaque op naming its weight by a handle."""
+    from nanoserve import LLM, SamplingParams
+
+    kw = dict(dtype="float32", prepack=True, skip_tokenizer_init=True, max_num_seqs=4)
+    prompts = [[0, *range(3, 9 + 2 * i)] for i in range(4)]
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    eager = LLM(hf_checkpoint("gqa"), **kw)
+    compiled = LLM(hf_checkpoint("gqa"), compile="aot_eager", **kw)
+    assert compiled.prepacked and isinstance(compiled.model.layers[0].mlp.down_proj,
+                                             PackedLinear)
+    want = [o.token_ids for o in eager.generate(prompts, sp)]
+    assert [o.token_ids for o in compiled.generate(prompts, sp)] == want
+    assert compiled.engine.compiled.compiles >= 1
