@@ -14,8 +14,9 @@ decode sizes. This forward keeps every matmul (plain or packed) and replaces the
 - SiLU-and-multiply writes the MLP's product straight into one buffer.
 
 float32 results differ from the reference only where a sum is taken in another order (the
-norm's sum of squares, the attention's dot products), so greedy tokens match; bf16 rounds where
-the reference rounds.
+norm's sum of squares, the attention's dot products), so greedy tokens match. bf16 rounds at the
+points where the reference rounds; the values can still differ by a rounding step where a sum
+in another order lands on the other side of a boundary.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .model import causal_attention, rope_cos_sin
 ops = torch.ops.nanoserve
 
 
-def _attention(attn, h, cos, sin, positions, backend, cells, layer: int):
+def _attention(attn, h, cos, sin, positions, backend, cells, nowhere, layer: int):
     B, T, _ = h.shape  # (B, T, E)
     Hq, Hkv, D = attn.hq, attn.hkv, attn.d
     qkv = attn.qkv_proj(h)  # (B, T, (Hq + 2 Hkv) D)
@@ -36,10 +37,8 @@ def _attention(attn, h, cos, sin, positions, backend, cells, layer: int):
     v = qkv[..., (Hq + Hkv) * D:].view(B * T, Hkv, D)
     if cells is not None:
         ops.rope_and_cache(q, k, v, cos, sin, backend.k[layer], backend.v[layer], cells)
-    else:
-        none = qkv.new_empty(0, Hkv, D)
-        ops.rope_and_cache(q, k, v, cos, sin, none, none,
-                           torch.full((B * T,), -1, dtype=torch.long, device=h.device))
+    else:  # rotate only: no cell is written (every cell -1, an empty pool)
+        ops.rope_and_cache(q, k, v, cos, sin, nowhere[0], nowhere[0], nowhere[1])
     q4 = q.view(B, T, Hq, D).transpose(1, 2)  # (B, Hq, T, D)
     k4 = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
     v4 = v.view(B, T, Hkv, D).transpose(1, 2)
@@ -67,9 +66,13 @@ def fused_forward(model, input_ids: torch.Tensor, positions: torch.Tensor,
     D = model.cfg.head_dim
     cos, sin = rope_cos_sin(model.inv_freq, positions, residual.dtype)  # (B, 1, T, D)
     cos, sin = cos.reshape(B * T, D), sin.reshape(B * T, D)
-    cells = None
+    cells = nowhere = None
     if backend is not None and hasattr(backend, "attend_written"):
         cells = backend.write_cells()  # (B * T,) this step's pool cells, -1 for padding
+    else:
+        Hkv = model.cfg.num_key_value_heads
+        nowhere = (residual.new_empty(0, Hkv, D),
+                   torch.full((B * T,), -1, dtype=torch.long, device=residual.device))
     eps = model.cfg.rms_norm_eps
     h = torch.empty_like(residual)
     for i, layer in enumerate(model.layers):
@@ -77,7 +80,7 @@ def fused_forward(model, input_ids: torch.Tensor, positions: torch.Tensor,
             ops.rms_norm(h, residual, layer.input_layernorm.weight, eps)
         else:
             ops.fused_add_rms_norm(h, residual, layer.input_layernorm.weight, eps)
-        h = _attention(layer.self_attn, h, cos, sin, positions, backend, cells, i)
+        h = _attention(layer.self_attn, h, cos, sin, positions, backend, cells, nowhere, i)
         ops.fused_add_rms_norm(h, residual, layer.post_attention_layernorm.weight, eps)
         h = _mlp(layer.mlp, h)
     ops.fused_add_rms_norm(h, residual, model.norm.weight, eps)

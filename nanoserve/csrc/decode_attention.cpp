@@ -8,6 +8,7 @@
 // running max and sum, and the output accumulator are float32, and the softmax is online, so
 // nothing of size (B, S) exists. A long context is cut into splits of kSplit tokens run in
 // parallel, each leaving (max, sum, acc) behind, combined per row at the end.
+#include <algorithm>
 #include <vector>
 
 #include "ops.h"
@@ -19,24 +20,30 @@ namespace {
 constexpr int64_t kSplit = 512;  // tokens per split: parallel work for few rows, long contexts
 constexpr int64_t kTile = 16;    // tokens scored before one online-softmax update
 
-template <typename T>
-inline float dot(const float* q, const T* k, int64_t D) {
-  fVec acc(0.f);
-  int64_t d = 0;
-  for (; d + kLanes <= D; d += kLanes) acc = at::vec::fmadd(fVec::loadu(q + d), load_f(k + d), acc);
-  float s = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, acc);
-  for (; d < D; ++d) s += q[d] * to_f(k[d]);
-  return s;
-}
+static_assert(kTile % kLanes == 0, "a tile is whole registers of scores");
+constexpr int64_t kMaxGD = 4096;  // G * D floats of query and accumulator kept on the stack
 
-// acc (D) <- acc * alpha + p * v
+// s[g * kTile + j] = q[g] . k for g < G: each chunk of the K row is loaded (and widened) once and
+// multiplied into all G query heads that share it.
 template <typename T>
-inline void axpy(float* acc, float alpha, float p, const T* v, int64_t D) {
-  const fVec av(alpha), pv(p);
-  int64_t d = 0;
-  for (; d + kLanes <= D; d += kLanes)
-    at::vec::fmadd(pv, load_f(v + d), fVec::loadu(acc + d) * av).store(acc + d);
-  for (; d < D; ++d) acc[d] = acc[d] * alpha + p * to_f(v[d]);
+inline void dots(const float* q, const T* k, int64_t G, int64_t D, float* s, int64_t j) {
+  int64_t g0 = 0;
+  for (; g0 < G; g0 += 8) {  // eight heads' accumulators at a time stay in registers
+    const int64_t ng = std::min<int64_t>(8, G - g0);
+    fVec acc[8] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f),
+                   fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
+    int64_t d = 0;
+    for (; d + kLanes <= D; d += kLanes) {
+      const fVec kv = load_f(k + d);
+      for (int64_t g = 0; g < ng; ++g)
+        acc[g] = at::vec::fmadd(fVec::loadu(q + (g0 + g) * D + d), kv, acc[g]);
+    }
+    for (int64_t g = 0; g < ng; ++g) {
+      float sum = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, acc[g]);
+      for (int64_t e = d; e < D; ++e) sum += q[(g0 + g) * D + e] * to_f(k[e]);
+      s[(g0 + g) * kTile + j] = sum;
+    }
+  }
 }
 
 // One task: row b, KV head h, tokens [t0, t1). Leaves m (G), l (G), acc (G, D).
@@ -44,34 +51,52 @@ template <typename T>
 void attend_split(const T* q, const T* kpool, const T* vpool, const int64_t* blocks,
                   int64_t bs, int64_t Hkv, int64_t G, int64_t D, int64_t h, int64_t t0,
                   int64_t t1, float scale, float* m, float* l, float* acc) {
-  std::vector<float> qf(G * D), s(G * kTile);
+  alignas(64) float qf[kMaxGD];
+  alignas(64) float s[8 * kTile * 8];  // G <= 64 heads per KV head, checked by the caller
   for (int64_t g = 0; g < G; ++g)
     for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(q[g * D + d]) * scale;
   for (int64_t g = 0; g < G; ++g) m[g] = -INFINITY, l[g] = 0.f;
   std::fill(acc, acc + G * D, 0.f);
-  const T* rows[kTile];
+  const T* vrows[kTile];
   for (int64_t t = t0; t < t1; t += kTile) {
     const int64_t n = std::min(kTile, t1 - t);
     for (int64_t j = 0; j < n; ++j) {
       const int64_t p = t + j, cell = blocks[p / bs] * bs + p % bs;
-      rows[j] = kpool + (cell * Hkv + h) * D;
-      for (int64_t g = 0; g < G; ++g) s[g * kTile + j] = dot(&qf[g * D], rows[j], D);
+      dots(qf, kpool + (cell * Hkv + h) * D, G, D, s, j);
+      vrows[j] = vpool + (cell * Hkv + h) * D;
     }
-    for (int64_t j = 0; j < n; ++j) {  // the V rows of the same cells
-      const int64_t p = t + j, cell = blocks[p / bs] * bs + p % bs;
-      rows[j] = vpool + (cell * Hkv + h) * D;
-    }
-    for (int64_t g = 0; g < G; ++g) {
+    for (int64_t g = 0; g < G; ++g) {  // online softmax: new max, rescale, weights in place
+      float* sg = s + g * kTile;
       float mx = m[g];
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[g * kTile + j]);
-      float alpha = std::exp(m[g] - mx), sum = l[g] * alpha;
-      float* a = acc + g * D;
-      for (int64_t j = 0; j < n; ++j) {
-        const float p = std::exp(s[g * kTile + j] - mx);
-        sum += p;
-        axpy(a, j == 0 ? alpha : 1.f, p, rows[j], D);
+      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sg[j]);
+      for (int64_t j = n; j < kTile; ++j) sg[j] = -INFINITY;  // a short last tile weighs 0
+      const fVec mv(mx);
+      float sum = 0.f;
+      for (int64_t j = 0; j < kTile; j += kLanes) {
+        const fVec w = (fVec::loadu(sg + j) - mv).exp();
+        w.store(sg + j);
+        sum += at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, w);
       }
-      m[g] = mx, l[g] = sum;
+      const float alpha = std::exp(m[g] - mx);
+      l[g] = l[g] * alpha + sum;
+      m[g] = mx;
+      if (alpha != 1.f) {
+        float* a = acc + g * D;
+        for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {  // each V row loaded once for all G heads
+      const T* v = vrows[j];
+      int64_t d = 0;
+      for (; d + kLanes <= D; d += kLanes) {
+        const fVec vv = load_f(v + d);
+        for (int64_t g = 0; g < G; ++g) {
+          float* a = acc + g * D + d;
+          at::vec::fmadd(fVec(s[g * kTile + j]), vv, fVec::loadu(a)).store(a);
+        }
+      }
+      for (; d < D; ++d)
+        for (int64_t g = 0; g < G; ++g) acc[g * D + d] += s[g * kTile + j] * to_f(v[d]);
     }
   }
 }
@@ -92,6 +117,9 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_pool.size(1);
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "paged_decode_attention: ", Hq,
               " query heads do not group over ", Hkv, " KV heads");
+  TORCH_CHECK(Hq / Hkv <= 64 && (Hq / Hkv) * q.size(2) <= kMaxGD, "paged_decode_attention: ",
+              Hq / Hkv, " query heads of ", q.size(2), " per KV head exceed the kernel's ",
+              kMaxGD, "-float tile");
   TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.dim() == 2 &&
                   block_table.size(0) == B && block_table.is_contiguous(),
               "paged_decode_attention: block_table must be contiguous (B, W) int64");

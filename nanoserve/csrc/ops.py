@@ -24,10 +24,16 @@ OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope_and_cache",
        "paged_decode_attention")
 
 
+def _packed_shape(weight: torch.Tensor) -> torch.Tensor:
+    N, K = weight.shape  # (N, K) -> (N/32 blocks, K/2 pairs, 32, 2), as small_gemm.cpp packs
+    return weight.new_empty(-(-N // 32), -(-K // 2), 32, 2)
+
+
 def register_fakes() -> None:
     """Called by ``load()`` once the library has defined the ops."""
-    for name in OPS:
+    for name in (*OPS, "small_gemm"):
         torch.library.register_fake(f"nanoserve::{name}")(_no_shape_change)
+    torch.library.register_fake("nanoserve::pack_small_gemm")(_packed_shape)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
