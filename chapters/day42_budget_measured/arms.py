@@ -18,6 +18,9 @@ import time
 from chapters.common import SHIPPED
 
 SERVER = dict(dtype="float32", max_num_seqs=8)  # every arm's server, beside its own flags
+# The engine these days measured: Day 41's, before the C++ ops of Days 54-55 (which the
+# package now turns on by default). Pinned, so a rerun measures the same servers.
+BEFORE_KERNELS = ("--kernels", "off", "--attention", "gathered")
 SERVER_TIMEOUT_S = 240.0  # a cold start on a busy 2-core machine
 RUN_LIMIT_S = 120.0  # one arm's run of one round: past it, unfinished requests count as failed
 
@@ -27,8 +30,9 @@ def servers(arms: dict[str, tuple[str, ...]]):
     """``{arm: base URL}``, every server healthy; all of them stopped on the way out."""
     from nanoserve.bench.local_server import local_server
 
-    managers = {name: local_server(SHIPPED, timeout_s=SERVER_TIMEOUT_S, extra_args=flags,
-                                   **SERVER) for name, flags in arms.items()}
+    managers = {name: local_server(SHIPPED, timeout_s=SERVER_TIMEOUT_S,
+                                   extra_args=(*BEFORE_KERNELS, *flags), **SERVER)
+                for name, flags in arms.items()}
     with contextlib.ExitStack() as stack:
         with concurrent.futures.ThreadPoolExecutor(len(managers)) as pool:
             started = {name: pool.submit(cm.__enter__) for name, cm in managers.items()}

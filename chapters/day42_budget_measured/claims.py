@@ -177,8 +177,8 @@ def engine_steps() -> dict[str, dict]:
     from chapters.common import SHIPPED, best_of
     from nanoserve import LLM
 
-    engines = {arm: LLM(SHIPPED, dtype="float32", max_num_seqs=8,
-                        enable_chunked_prefill=arm != "off",
+    engines = {arm: LLM(SHIPPED, dtype="float32", max_num_seqs=8, kernels=False,
+                        attention="gathered", enable_chunked_prefill=arm != "off",
                         **({} if arm in ("off", "512") else {"max_num_batched_tokens": int(arm)}))
                for arm in ARMS}
     rounds = iter(range(1000))
