@@ -88,7 +88,9 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
         prepack_model(model, small_gemm=kernels and dtype == torch.bfloat16)
     log.info("prepack=%s: %s (%s)", cfg.prepack, "packed" if prepacked else "plain",
              prepack_why)
-    model.kernels = kernels  # Llama.forward goes through fused.py
+    if kernels:  # Llama.forward goes through fused.py
+        from .fused import fused_forward
+        model.fused_forward = fused_forward
     attention = cfg.attention if cfg.attention != "auto" else "cpu" if kernels else "gathered"
     log.info("kernels=%s: %s (%s); attention=%s", cfg.kernels, "on" if kernels else "off",
              kernels_why, attention)

@@ -159,19 +159,25 @@ class Llama(nn.Module):
             cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.packed_head = None  # the LM head's weight packed for oneDNN (nanoserve/prepack.py)
-        self.kernels = False  # True: forward runs through the C++ ops (nanoserve/fused.py)
+        # The loader sets this to fused.fused_forward where the C++ CPU ops are on; forward
+        # then hands itself over (this module never imports the fused one).
+        self.fused_forward = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 backend: AttentionBackend | None = None) -> torch.Tensor:
         """input_ids, positions (B, T) -> hidden (B, T, E)."""
-        if self.kernels:
-            from .fused import fused_forward
-            return fused_forward(self, input_ids, positions, backend)
+        if self.fused_forward is not None:
+            return self.fused_forward(self, input_ids, positions, backend)
         x = self.embed_tokens(input_ids)  # (B, T, E)
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, positions, backend)
         return self.norm(x)
+
+    @property
+    def kernels(self) -> bool:
+        """Whether forward runs through the C++ ops."""
+        return self.fused_forward is not None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (..., E) -> logits (..., V), in float32 for the sampler."""
