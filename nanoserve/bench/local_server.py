@@ -80,6 +80,26 @@ def engine_options_set(args: argparse.Namespace, skip: tuple[str, ...] = ("model
     return out
 
 
+def wait_healthy(proc: subprocess.Popen, base_url: str, timeout_s: float, tail,
+                 who: str, poll_s: float) -> None:
+    """Poll ``base_url``/health until it answers 200; a ``RuntimeError`` with the log's tail
+    (``tail()``) if the process exits first or ``timeout_s`` passes."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{who} exited with {proc.returncode}:\n{tail()}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2.0, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{who} was not healthy within {timeout_s}s:\n{tail()}")
+        time.sleep(poll_s)
+
+
 @contextlib.contextmanager
 def local_server(model, dtype: str | None = None, device: str | None = None,
                  max_num_seqs: int | None = None, timeout_s: float = 180.0,
@@ -91,7 +111,6 @@ def local_server(model, dtype: str | None = None, device: str | None = None,
     The server's output goes to a temporary log, shown if it dies or never turns healthy. On exit
     it gets SIGTERM, then SIGKILL if it has not stopped within 15 s.
     """
-    import httpx
 
     port = free_port()
     cmd = [sys.executable, "-m", "nanoserve.cli", "serve", "--model", str(model),
@@ -111,20 +130,7 @@ def local_server(model, dtype: str | None = None, device: str | None = None,
             return log.read()[-2000:]
 
         try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the server exited with {proc.returncode}:\n{tail()}")
-                try:
-                    if httpx.get(f"{base_url}/health", timeout=2.0,
-                                 trust_env=False).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the server was not healthy within {timeout_s}s:\n"
-                                       f"{tail()}")
-                time.sleep(0.25)
+            wait_healthy(proc, base_url, timeout_s, tail, "the server", poll_s=0.25)
             yield LocalServer(base_url, proc.pid)
         finally:
             if proc.poll() is None:

@@ -16,11 +16,10 @@ import os
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from .adapters import DEFAULT_VLLM_VENV
-from .local_server import LocalServer, free_port
+from .local_server import LocalServer, free_port, wait_healthy
 
 
 def vllm_python(venv: str | os.PathLike | None = None) -> Path | None:
@@ -35,7 +34,6 @@ def vllm_server(model, extra_args: tuple[str, ...] = (), venv=None, timeout_s: f
     """vLLM's OpenAI server on ``model`` at a free 127.0.0.1 port; yields a ``LocalServer``
     once ``/health`` answers. ``extra_args`` are vLLM's own flags (``--dtype float32``,
     ``--enable-prefix-caching``, ``--block-size 32``)."""
-    import httpx
 
     py = vllm_python(venv)
     if py is None:
@@ -57,21 +55,8 @@ def vllm_server(model, extra_args: tuple[str, ...] = (), venv=None, timeout_s: f
             return Path(log.name).read_text(errors="replace")[-3000:]
 
         try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"vLLM's server exited with {proc.returncode} (log "
-                                       f"{log.name}):\n{tail()}")
-                try:
-                    if httpx.get(f"{base_url}/health", timeout=2.0,
-                                 trust_env=False).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"vLLM's server was not healthy within {timeout_s}s "
-                                       f"(log {log.name}):\n{tail()}")
-                time.sleep(1.0)
+            wait_healthy(proc, base_url, timeout_s, tail, f"vLLM's server (log {log.name})",
+                         poll_s=1.0)
             yield LocalServer(base_url, proc.pid)
         finally:
             if proc.poll() is None:
