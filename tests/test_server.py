@@ -458,16 +458,21 @@ def test_kv_usage_is_a_fraction_while_busy(tiny):
 # ---------------------------------------------------------------------------- SIGTERM
 
 def test_sigterm_drains(tmp_path):
-    """`nanoserve serve` in a subprocess: on SIGTERM a short stream finishes, a long one is
-    aborted at the drain timeout (and still ends in [DONE]), new connections are refused, and
-    it exits 0 with every block back."""
+    """`nanoserve serve` in a subprocess: on SIGTERM a short stream finishes, the long ones still
+    running or waiting at the drain timeout are aborted (and still end in [DONE]), new
+    connections are refused, and it exits 0 with every block back.
+
+    How fast the engine is must not decide the test, so the work left at the SIGTERM is far more
+    than the drain timeout can cover at any speed: QUEUED long requests wait behind two slots,
+    about QUEUED * LONG / 2 decode steps, against a timeout of one second."""
+    queued = 12
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
     log = open(tmp_path / "serve.log", "w+")
     proc = subprocess.Popen([sys.executable, "-m", "nanoserve.cli", "serve", "--port", str(port),
-                             "--drain-timeout", "2.5", "--max-num-seqs", "2"],
+                             "--drain-timeout", "1.0", "--max-num-seqs", "2"],
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
     try:
         url = f"http://127.0.0.1:{port}"
@@ -483,12 +488,20 @@ def test_sigterm_drains(tmp_path):
         long = {**short, "max_tokens": LONG}
         socks = [raw_post(port, "/v1/completions", b) for b in (short, long)]
         heads = [read_until(s, b"data: {") for s in socks]
+        socks += [raw_post(port, "/v1/completions", long) for _ in range(queued)]
+        heads += [b""] * queued
+
+        def waiting():
+            text = httpx.get(url + "/metrics").text
+            return sum(s.value for fam in text_string_to_metric_families(text)
+                       for s in fam.samples if s.name == "nanoserve:num_requests_waiting") == queued
+        wait_for(waiting, 10, what=f"{queued} requests waiting")
         proc.send_signal(signal.SIGTERM)
-        results = [None, None]
+        results = [b""] * len(socks)
 
         def rest(i):
             results[i] = heads[i] + read_until(socks[i], b"never", limit=1 << 24)
-        readers = [threading.Thread(target=rest, args=(i,)) for i in range(2)]
+        readers = [threading.Thread(target=rest, args=(i,)) for i in range(len(socks))]
         for t in readers:
             t.start()
         for t in readers:
@@ -501,9 +514,13 @@ def test_sigterm_drains(tmp_path):
     log.seek(0)
     text = log.read()
     assert b'"finish_reason":"length"' in results[0] and b"data: [DONE]" in results[0], text
-    assert b'"finish_reason":"abort"' in results[1], text  # aborted at the drain timeout,
-    assert b"data: [DONE]" in results[1]  # and still a well-formed stream,
-    assert results[1].endswith(b"\r\n0\r\n\r\n")  # chunked encoding's last chunk included
+    ends = [b'"finish_reason":"abort"' in r or b'"finish_reason":"length"' in r
+            for r in results[1:]]
+    assert all(ends), text
+    assert any(b'"finish_reason":"abort"' in r for r in results[1:]), text  # the timeout cut,
+    for r in results[1:]:
+        assert b"data: [DONE]" in r  # and every stream is still well formed,
+        assert r.endswith(b"\r\n0\r\n\r\n")  # chunked encoding's last chunk included
     with pytest.raises(httpx.TransportError):
         httpx.get(url + "/health")
     assert "Traceback" not in text
