@@ -491,11 +491,13 @@ def test_sigterm_drains(tmp_path):
         socks += [raw_post(port, "/v1/completions", long) for _ in range(queued)]
         heads += [b""] * queued
 
-        def waiting():
+        def accepted():  # the long one and the queued ones (the short one may be done)
             text = httpx.get(url + "/metrics").text
             return sum(s.value for fam in text_string_to_metric_families(text)
-                       for s in fam.samples if s.name == "nanoserve:num_requests_waiting") == queued
-        wait_for(waiting, 10, what=f"{queued} requests waiting")
+                       for s in fam.samples if s.name in ("nanoserve:num_requests_waiting",
+                                                          "nanoserve:num_requests_running")
+                       ) >= 1 + queued
+        wait_for(accepted, 10, what=f"{queued} more requests accepted")
         proc.send_signal(signal.SIGTERM)
         results = [b""] * len(socks)
 
