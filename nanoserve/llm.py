@@ -30,9 +30,10 @@ what ``"auto"`` picks where the C++ ops load), ``"gathered"`` (Day 50, auto's ch
 (Day 54, ``fused.py``), and ``llm.kernels`` and ``llm.kernels_reason`` say whether and why;
 ``compile=True`` for a decode forward through ``torch.compile`` (Day 49; off by default, its
 warm-up in ``engine.compiled.warmup_s``, its graphs counted in ``engine.compiled.compiles``).
-``dtype="auto"`` on a CPU is bfloat16 where the processor multiplies bf16 natively (AMX or
-AVX512-BF16) and float32 elsewhere; ``llm.dtype`` and ``llm.dtype_reason`` say which, and so does a
-log line. Logits reach the sampler in float32 either way. ``prepack="auto"`` reorders every linear
+``dtype="auto"`` on a CPU is whichever of bfloat16 and float32 runs the model's linears faster
+on this processor, timed once at load and cached per CPU model (``auto_dtype.py``);
+``llm.dtype`` and ``llm.dtype_reason`` say which and quote the measurement, and so does a log
+line. Logits reach the sampler in float32 either way. ``prepack="auto"`` reorders every linear
 weight once, at load, into oneDNN's blocked layout when the model is bf16 on a CPU (bit-identical
 to ``F.linear`` there, and faster at decode sizes); ``llm.prepacked`` and ``llm.prepack_reason``
 say what was chosen (``prepack.py``).

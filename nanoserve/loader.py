@@ -26,7 +26,7 @@ from .prepack import prepack_model
 from .prepack import resolve as resolve_prepack
 from .tokenizer import Tokenizer
 from .triton_mode import use_interpreter
-from .weights import cpu_native_bf16, load_model
+from .weights import choose_dtype, load_model
 
 log = logging.getLogger("nanoserve")
 DEFAULT_KV_BYTES = 1 << 30  # without num_kv_blocks, the pool is at most 1 GiB
@@ -53,16 +53,6 @@ class LoadedEngine:
     engine: Engine
 
 
-def dtype_reason(asked, device: torch.device) -> str:
-    if asked != "auto":
-        return "as asked"
-    if device.type != "cpu":
-        return "the checkpoint's dtype"
-    flag = cpu_native_bf16()
-    return (f"this CPU multiplies bf16 natively ({flag})" if flag else
-            "no native bf16 matmul on this CPU (no amx_bf16 / avx512_bf16 flag)")
-
-
 def default_num_kv_blocks(mc: ModelConfig, max_num_seqs: int, max_model_len: int,
                           block_size: int, element_size: int) -> int:
     """Enough blocks for ``max_num_seqs`` full sequences, at most ``DEFAULT_KV_BYTES``."""
@@ -77,10 +67,9 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     mc = ModelConfig.from_dir(cfg.model)
     max_model_len = cfg.resolve_max_model_len(mc.max_position_embeddings)
     tokenizer = None if cfg.skip_tokenizer_init else Tokenizer.from_dir(cfg.model)
-    model = load_model(cfg.model, cfg.dtype, cfg.device)
     device = torch.device(cfg.device)
-    dtype = model.embed_tokens.weight.dtype  # what "auto" chose, said below
-    why = dtype_reason(cfg.dtype, device)
+    dtype, why = choose_dtype(cfg.dtype, mc, device)  # "auto" on a CPU: measured, cached
+    model = load_model(cfg.model, dtype, cfg.device)
     log.info("dtype=%s: %s (%s)", cfg.dtype, str(dtype).removeprefix("torch."), why)
     prepacked, prepack_why = resolve_prepack(cfg.prepack, device, dtype, cfg.compile)
     kernels, kernels_why = resolve_kernels(cfg.kernels, device, dtype)

@@ -15,14 +15,12 @@ defaults are the same from one run to the next.
 
 from __future__ import annotations
 
-import json
-import math
-import time
 from pathlib import Path
 
 import torch
 
 from . import csrc
+from .measured import best_interleaved, cache_dir, cached, machine_key
 
 ROWS = (1, 2, 4, 8)
 REPS = 7
@@ -30,7 +28,7 @@ MARGIN = 1.1  # the small kernel must win by 10%: a near-tie is noise, and oneDN
 
 
 def cache_path() -> Path:
-    return csrc.build_dir().parent / "small_gemm.json"
+    return cache_dir() / "small_gemm.json"
 
 
 def unavailable() -> str | None:
@@ -41,12 +39,6 @@ def unavailable() -> str | None:
     if not torch.ops.nanoserve.small_gemm_available():
         return "the C++ ops were built without AVX512-BF16 (no dpbf16 on this CPU)"
     return None
-
-
-def _once(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def measure(N: int, K: int) -> dict[int, float]:
@@ -60,12 +52,9 @@ def measure(N: int, K: int) -> dict[int, float]:
     for m in ROWS:
         x = torch.randn(m, K, generator=g).bfloat16()
         out = torch.empty(m, N, dtype=torch.bfloat16)
-        best = [math.inf, math.inf]
-        calls = (lambda x=x, out=out: torch.ops.nanoserve.small_gemm(out, x, small, None),
-                 lambda x=x: torch.ops.mkldnn._linear_pointwise(x, dnn, None, "none", [], ""))
-        for _ in range(REPS):  # interleaved, so a burst of load hits both arms alike
-            for i, fn in enumerate(calls):
-                best[i] = min(best[i], _once(fn))
+        best = best_interleaved(
+            [lambda x=x, out=out: torch.ops.nanoserve.small_gemm(out, x, small, None),
+             lambda x=x: torch.ops.mkldnn._linear_pointwise(x, dnn, None, "none", [], "")], REPS)
         ratios[m] = best[1] / best[0]
     return ratios
 
@@ -74,24 +63,15 @@ def choose(N: int, K: int) -> int:
     """The largest row count up to which the small kernel won every measured count (0: none)."""
     if K % 2 or unavailable():
         return 0
-    key = f"{csrc.cpu_model()}|torch {torch.__version__}|{torch.get_num_threads()} threads|" \
-          f"{N}x{K}|margin {MARGIN}"
-    path = cache_path()
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if key not in known:
+    key = f"{machine_key()}|{N}x{K}|margin {MARGIN}"
+
+    def verdict() -> dict:
         ratios = measure(N, K)
         rows = 0
         for m in ROWS:
             if ratios[m] < MARGIN:
                 break
             rows = m
-        known[key] = {"rows": rows, "onednn_over_small": {str(m): round(r, 3)
-                                                          for m, r in ratios.items()}}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{id(known)}.tmp")
-        tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
-        tmp.replace(path)  # atomic: a concurrent engine reads the old file or the new one
-    return int(known[key]["rows"])
+        return {"rows": rows, "onednn_over_small": {str(m): round(r, 3)
+                                                    for m, r in ratios.items()}}
+    return int(cached("small_gemm.json", key, verdict, cache_path())["rows"])

@@ -68,27 +68,38 @@ def cpu_native_bf16(flags: set[str] | None = None) -> str | None:
 
 def resolve_dtype(dtype: str | torch.dtype, cfg: ModelConfig | None = None,
                   device: str | torch.device = "cpu") -> torch.dtype:
-    """Turn a user's dtype into a torch dtype.
+    """Turn a user's dtype into a torch dtype (``choose_dtype`` without the reason)."""
+    return choose_dtype(dtype, cfg, device)[0]
 
-    ``"auto"`` means the checkpoint's own dtype on CUDA; on a CPU, bfloat16 where the processor
-    multiplies bf16 natively (``cpu_native_bf16``: AMX or AVX512-BF16, where bf16 matmuls run
-    two to four times faster than fp32), float32 where it would be emulated and slow.
+
+def choose_dtype(dtype: str | torch.dtype, cfg: ModelConfig | None = None,
+                 device: str | torch.device = "cpu") -> tuple[torch.dtype, str]:
+    """(torch dtype, why) for a user's dtype.
+
+    ``"auto"`` means the checkpoint's own dtype on a card. On a CPU it is whichever of bfloat16
+    and float32 this processor runs the model's linears faster, measured once at load and cached
+    per CPU model (``auto_dtype.choose``): the flags do not decide it (Day 52's flag rule stays
+    in that chapter's snapshot). An explicit dtype is taken "as asked".
     """
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype={dtype} is not supported (float32, bfloat16, float16)")
-        return dtype
+        return dtype, "as asked"
     if dtype == "auto":
         if torch.device(device).type == "cpu":
-            return torch.bfloat16 if cpu_native_bf16() else torch.float32
+            from .auto_dtype import DEFAULT_SHAPE, choose
+
+            shape = (cfg.hidden_size, cfg.intermediate_size) if cfg is not None \
+                else DEFAULT_SHAPE
+            return choose(*shape)
         if cfg is None:
-            return torch.float32
-        return DTYPES.get(cfg.torch_dtype, torch.float32)
+            return torch.float32, "no checkpoint dtype given"
+        return DTYPES.get(cfg.torch_dtype, torch.float32), "the checkpoint's dtype"
     if dtype not in DTYPES:
         raise ValueError(
             f"dtype={dtype!r} is not supported; use one of: auto, {', '.join(sorted(DTYPES))}"
         )
-    return DTYPES[dtype]
+    return DTYPES[dtype], "as asked"
 
 
 def _tensor_files(model_dir: Path) -> dict[str, Path]:

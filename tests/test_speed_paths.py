@@ -232,26 +232,69 @@ def test_greedy_tokens_identical_across_paths_on_the_shipped_model():
 # ---------------------------------------------------------------- dtype="auto" on a CPU
 
 
-@pytest.mark.parametrize("flags,expected", [({"avx512f", "avx512_bf16"}, torch.bfloat16),
-                                            ({"amx_bf16", "amx_tile"}, torch.bfloat16),
-                                            ({"avx2", "avx512f"}, torch.float32)])
-def test_dtype_auto_follows_the_cpu_flags(monkeypatch, flags, expected):
-    from nanoserve import weights
-    monkeypatch.setattr(weights, "cpu_flags", lambda: flags)
-    assert weights.resolve_dtype("auto", None, "cpu") == expected
-    assert weights.resolve_dtype("float32", None, "cpu") == torch.float32
+def fake_measure(ratios: dict[int, float]):
+    calls = []
+
+    def measure(hidden, intermediate):
+        calls.append((hidden, intermediate))
+        return ratios
+    return measure, calls
+
+
+@pytest.mark.parametrize("ratios,expected", [({8: 2.0, 64: 1.5}, torch.bfloat16),
+                                             ({8: 1.4, 64: 0.83}, torch.float32),
+                                             ({8: 1.05, 64: 1.05}, torch.float32)])
+def test_dtype_auto_follows_the_measurement_not_the_flags(monkeypatch, tmp_path, ratios,
+                                                          expected):
+    """The same flags (AVX512-BF16, no AMX) on two machines that time differently: auto goes
+    with the timing; a near-tie (under MARGIN) stays float32; an explicit dtype is as asked."""
+    from nanoserve import auto_dtype, weights
+    monkeypatch.setattr(weights, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    monkeypatch.setattr(auto_dtype, "cache_path", lambda: tmp_path / "dtype_auto.json")
+    measure, calls = fake_measure(ratios)
+    monkeypatch.setattr(auto_dtype, "measure", measure)
+    dtype, why = weights.choose_dtype("auto", None, "cpu")
+    assert dtype == expected and why.startswith("measured here")
+    assert weights.choose_dtype("float32", None, "cpu") == (torch.float32, "as asked")
+    assert calls == [auto_dtype.DEFAULT_SHAPE]
+
+
+def test_dtype_auto_is_measured_once_per_machine_and_shape(monkeypatch, tmp_path):
+    """The verdict is cached under a key naming the CPU model, torch, the thread count and the
+    shape: a second load reads it (no new measurement), another shape measures for itself."""
+    import json
+
+    from nanoserve import auto_dtype, csrc
+    monkeypatch.setattr(auto_dtype, "cache_path", lambda: tmp_path / "dtype_auto.json")
+    measure, calls = fake_measure({8: 3.0, 64: 2.0})
+    monkeypatch.setattr(auto_dtype, "measure", measure)
+    first = auto_dtype.choose(64, 128)
+    assert auto_dtype.choose(64, 128) == first and calls == [(64, 128)]
+    auto_dtype.choose(64, 256)
+    assert calls == [(64, 128), (64, 256)]
+    (key, entry), _ = json.loads((tmp_path / "dtype_auto.json").read_text()).items()
+    assert csrc.cpu_model() in key and torch.__version__ in key and "64x128" in key
+    assert entry["dtype"] == "bfloat16" and entry["gain"] == pytest.approx(6 ** 0.5, abs=1e-3)
+    assert "2.45x" in first[1]
+
+
+def test_dtype_auto_measures_real_linears():
+    """The real measurement on a small shape: a positive ratio at each batch size."""
+    from nanoserve import auto_dtype
+    ratios = auto_dtype.measure(64, 128)
+    assert set(ratios) == set(auto_dtype.ROWS) and all(r > 0 for r in ratios.values())
 
 
 def test_dtype_auto_says_what_it_chose(caplog):
     import logging
 
-    from nanoserve.weights import cpu_flags, cpu_native_bf16
+    from nanoserve import auto_dtype
     with caplog.at_level(logging.INFO, logger="nanoserve"):
         llm = LLM(dtype="auto")
-    native = bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
-    assert bool(cpu_native_bf16()) == native
-    assert llm.dtype == (torch.bfloat16 if native else torch.float32)
+    mc = llm.config
+    assert (llm.dtype, llm.dtype_reason) == auto_dtype.choose(mc.hidden_size, mc.intermediate_size)
     assert str(llm.dtype).removeprefix("torch.") in caplog.text and llm.dtype_reason in caplog.text
+    assert llm.dtype_reason.startswith("measured here")
     out = llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=4))
     assert len(out[0].token_ids) == 4
 

@@ -19,6 +19,7 @@
 # instructions, and "auto" picks float32.
 
 # %%
+import json
 import logging
 import pathlib
 import sys
@@ -58,6 +59,17 @@ print("frozen rule says:", rule.resolve_dtype("auto"), "-", rule.reason("auto"))
 
 llm = LLM(SHIPPED, dtype="auto", max_model_len=64)  # writes the INFO line above
 print("llm.dtype =", llm.dtype, "| llm.dtype_reason =", llm.dtype_reason)
+
+# %% [markdown]
+# The live package no longer follows the flags: "auto" times the model's MLP in both dtypes at
+# the first load and keeps the verdict in `build/dtype_auto.json`, one entry per processor
+# model, torch version, thread count and shape. Here is what this machine measured.
+
+# %%
+from nanoserve.auto_dtype import cache_path  # noqa: E402
+
+for key, verdict in json.loads(cache_path().read_text()).items():
+    print(key, "->", verdict)
 
 # %% [markdown]
 # ## 2. Other processors

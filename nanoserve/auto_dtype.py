@@ -1,0 +1,83 @@
+"""What ``dtype="auto"`` picks on a CPU: the dtype whose linears this processor runs faster.
+
+Why this module exists: Day 52 read the answer off the CPU's flags (bf16 wherever AMX or
+AVX512-BF16 is listed), and the flags turned out not to decide it. Two 2-core machines with
+AVX512-BF16 and no AMX ran bf16 decode at 2x and at 0.83x float32, and a bf16 GEMM at 512 rows
+ran at 81 GFLOP/s on the second against float32's 149. So at load the model's own MLP shapes
+are timed in both dtypes, the way the engine would run them (bf16 through oneDNN's packed
+linear where it is available, float32 through ``F.linear``), at a small and a full decode batch
+(``ROWS``), the arms interleaved. bfloat16 is chosen only if it is at least ``MARGIN`` faster
+over the two batches (the geometric mean of the two time ratios): it costs accuracy, so a tie
+goes to float32. The verdict is cached per CPU model, torch version, thread count and shape in
+``build/dtype_auto.json`` (``measured.cached``), so the same machine always gives the same
+default, and ``llm.dtype_reason`` quotes the measured ratio.
+
+    dtype, why = choose(hidden_size=576, intermediate_size=1536)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .measured import best_interleaved, cache_dir, cached, machine_key
+
+ROWS = (8, 64)  # a small decode batch and a full one
+REPS = 5
+BUDGET_S = 1.0  # per batch size: fewer rounds on a big model, never fewer than two
+MARGIN = 1.1  # bf16 must be 10% faster: it costs accuracy, and a near-tie is noise
+DEFAULT_SHAPE = (576, 1536)  # SmolLM2-135M's MLP, where no model config is at hand
+
+
+def cache_path() -> Path:
+    return cache_dir() / "dtype_auto.json"
+
+
+def _bf16_linear(w: torch.Tensor):
+    """The bf16 linear the engine would run: packed for oneDNN where it can be, else plain."""
+    from .prepack import unavailable
+
+    if unavailable(torch.device("cpu"), torch.bfloat16) is None:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, ROWS[0])
+        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return lambda x: F.linear(x, w)
+
+
+@torch.inference_mode()
+def measure(hidden: int, intermediate: int) -> dict[int, float]:
+    """float32 time / bf16 time at each row count, over the up (gate and up fused) and the
+    down projection of one MLP, on random weights of the model's shape."""
+    g = torch.Generator().manual_seed(0)
+    shapes = ((2 * intermediate, hidden), (hidden, intermediate))  # (N, K) each
+    weights = [torch.randn(n, k, generator=g) * k ** -0.5 for n, k in shapes]
+    bf16 = [_bf16_linear(w.bfloat16()) for w in weights]
+    ratios = {}
+    for m in ROWS:
+        xs = [torch.randn(m, k, generator=g) for _, k in shapes]
+        xs16 = [x.bfloat16() for x in xs]
+        fp32_t, bf16_t = best_interleaved(
+            [lambda xs=xs: [F.linear(x, w) for x, w in zip(xs, weights, strict=True)],
+             lambda xs16=xs16: [f(x) for x, f in zip(xs16, bf16, strict=True)]], REPS, BUDGET_S)
+        ratios[m] = fp32_t / bf16_t
+    return ratios
+
+
+def choose(hidden: int, intermediate: int) -> tuple[torch.dtype, str]:
+    """(dtype, why) for ``dtype="auto"`` on this CPU and a model of this MLP shape."""
+    key = f"{machine_key()}|{hidden}x{intermediate}|margin {MARGIN}"
+
+    def verdict() -> dict:
+        ratios = measure(hidden, intermediate)
+        gain = math.prod(ratios.values()) ** (1 / len(ratios))
+        return {"dtype": "bfloat16" if gain >= MARGIN else "float32", "gain": round(gain, 3),
+                "fp32_over_bf16": {str(m): round(r, 3) for m, r in ratios.items()}}
+    v = cached("dtype_auto.json", key, verdict, cache_path())
+    rows = " and ".join(map(str, ROWS))
+    seen = (f"measured here: bf16 linears ran {v['gain']:.2f}x float32's speed "
+            f"({hidden}x{intermediate} MLP, {rows} rows")
+    if v["dtype"] == "bfloat16":
+        return torch.bfloat16, f"{seen}; bf16 needs {MARGIN}x)"
+    return torch.float32, f"{seen}; bf16 needs {MARGIN}x, so float32)"
