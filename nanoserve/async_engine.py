@@ -41,6 +41,7 @@ import torch
 from .config import EngineConfig
 from .core import CoreSnapshot, EngineCore, RequestDelta
 from .sampling import SamplingParams
+from .threads import bind
 from .validation import InvalidRequest
 
 
@@ -232,6 +233,8 @@ class AsyncLLM:
 
     def _run(self) -> None:
         try:
+            if self.core.loaded is not None:  # this thread runs every forward: pin its team
+                bind(self.core.loaded.binding)
             with torch.inference_mode():
                 while self._take_inbox():
                     if not self.core.has_unfinished():

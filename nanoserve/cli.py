@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                                        allow_abbrev=False))
     b = sub.add_parser("bench", help="benchmarks and harnesses")
     bsub = b.add_subparsers(dest="bench", required=True)
-    from .bench import batchbench, graphbench, offline, schedbench, soak, stress
+    from .bench import batchbench, graphbench, offline, schedbench, serve_pair, soak, stress
     from .bench import serve_cli as serve_bench
 
     schedbench.add_arguments(bsub.add_parser("sched", help="the scheduler without a model"))
@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     graphbench.add_arguments(bsub.add_parser("graph", help="decode steps a graph can replay, "
                                                           "free rows vs persistent batch"))
     serve_bench.add_arguments(bsub.add_parser("serve", help="a seeded load over HTTP, per rate"))
+    serve_pair.add_arguments(bsub.add_parser("serve-pair", help="nanoserve's server and a "
+                                             "peer's, both up, in alternating rounds"))
     soak.add_arguments(bsub.add_parser("soak", help="thousands of requests, hang-ups, no leaks"))
     offline.add_arguments(bsub.add_parser("offline", help="nanoserve vs transformers and vLLM, "
                                                      "one ragged workload, same run"))
@@ -87,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve.main(args)
     if args.command == "bench":
         return {"sched": schedbench, "batch": batchbench, "stress": stress, "graph": graphbench,
-                "serve": serve_bench, "soak": soak, "offline": offline}[args.bench].main(args)
+                "serve": serve_bench, "serve-pair": serve_pair, "soak": soak,
+                "offline": offline}[args.bench].main(args)
     return _generate(args)
 
 

@@ -56,6 +56,7 @@ from .config import DEFAULT_MODEL, EngineConfig
 from .core import EngineCore
 from .request import Request, RequestMetrics, RequestState
 from .sampling import SamplingParams, sample_requests
+from .threads import pinned
 from .validation import InvalidRequest
 
 __all__ = ["DEFAULT_MODEL", "LLM", "RequestOutput", "Stats"]
@@ -134,6 +135,7 @@ class LLM:
         self.prepacked, self.prepack_reason = loaded.prepacked, loaded.prepack_reason
         self.kernels, self.kernels_reason = loaded.kernels, loaded.kernels_reason
         self.attention = loaded.attention  # what attention="auto" chose
+        self.binding = loaded.binding  # the CPUs generate's threads run on (threads.py)
         self.eos_token_ids, self.max_model_len = loaded.eos_token_ids, loaded.max_model_len
         self.batching, self.allocation = config.batching, config.allocation
         self.max_num_seqs, self.enable_kv_cache = config.max_num_seqs, config.enable_kv_cache
@@ -183,7 +185,7 @@ class LLM:
         before = (e.forward_passes, e.row_steps, e.tokens_computed, e.positions_computed)
         rc = e.replay_counters
         replay_before = (rc.decode_steps, rc.replayed)
-        with torch.inference_mode():
+        with torch.inference_mode(), pinned(self.binding):
             if not self.enable_kv_cache:
                 for r in reqs:
                     self._run_uncached(r)

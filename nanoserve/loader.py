@@ -24,6 +24,7 @@ from .csrc import resolve as resolve_kernels
 from .engine import Engine
 from .prepack import prepack_model
 from .prepack import resolve as resolve_prepack
+from .threads import Binding, plan
 from .tokenizer import Tokenizer
 from .triton_mode import use_interpreter
 from .weights import choose_dtype, load_model
@@ -51,6 +52,7 @@ class LoadedEngine:
     eos_token_ids: frozenset[int]
     max_model_len: int
     engine: Engine
+    binding: Binding  # the CPUs the forward threads are pinned to (threads.py)
 
 
 def default_num_kv_blocks(mc: ModelConfig, max_num_seqs: int, max_model_len: int,
@@ -83,6 +85,8 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     attention = cfg.attention if cfg.attention != "auto" else "cpu" if kernels else "gathered"
     log.info("kernels=%s: %s (%s); attention=%s", cfg.kernels, "on" if kernels else "off",
              kernels_why, attention)
+    binding = plan(cfg.threads_bind, device)
+    log.info("threads_bind=%s: %s", cfg.threads_bind, binding.describe())
     eos = tokenizer.eos_token_ids if tokenizer else ()
     num_kv_blocks = cfg.num_kv_blocks or default_num_kv_blocks(
         mc, cfg.max_num_seqs, max_model_len, cfg.block_size,
@@ -93,4 +97,4 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
                     prefix_caching=cfg.enable_prefix_caching)
     return LoadedEngine(cfg, mc, tokenizer, model, device, dtype, why, prepacked, prepack_why,
                         kernels, kernels_why, attention, frozenset(eos or mc.eos_token_ids),
-                        max_model_len, engine)
+                        max_model_len, engine, binding)

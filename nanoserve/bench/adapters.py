@@ -67,7 +67,10 @@ class NanoserveEngine:
         self.llm = LLM(s.model, dtype=s.dtype, device=s.device, max_model_len=s.max_model_len,
                        skip_tokenizer_init=True, max_num_seqs=s.batch, **s.nanoserve_options)
         self.version = "nanoserve " + _version("nanoserve")
-        self.threads = f"torch {torch.get_num_threads()}"
+        cpus = self.llm.binding.cpus
+        self.threads = f"torch {torch.get_num_threads()}" + (
+            f", pinned to CPU{'s' * (len(cpus) > 1)} {','.join(map(str, cpus))}" if cpus
+            else ", not pinned")
         self.notes = [f"{k}={v}" for k, v in s.nanoserve_options.items()]
 
     def run(self, wl: Workload) -> list[list[int]]:

@@ -19,7 +19,9 @@ hardware, dtype, model, workload, batch size and each engine's threads; ``--json
 same on stdout; ``--record`` writes it as a chapter's results file.
 
 Threads are part of the result, so every row names its own. The in-process engines use torch's
-default (every core) unless ``--threads N`` says otherwise; vLLM binds its OpenMP threads itself
+default (every core) unless ``--threads N`` says otherwise, and nanoserve's row says where its
+threads are pinned (``threads_bind``, ``--llm-option threads_bind=nobind`` to compare); vLLM binds
+its OpenMP threads itself
 (on x86 it keeps one core for its scheduler process, so on 2 cores it computes on 1). On a CPU
 that other work shares, OpenMP threads that spin waiting for a descheduled sibling can make a
 small model many times slower: compare at equal threads (``--threads`` = vLLM's count) too.

@@ -133,6 +133,9 @@ class EngineConfig:
     prepack: bool | str = option("auto", "oneDNN-packed linear weights: auto packs bf16 on a "
                                  "CPU", choices=PREPACK_CHOICES,
                                  cli={"type": _tristate, "metavar": "{auto,on,off}"})
+    threads_bind: str = option("auto", "pin the compute threads (threads.py): auto: one per "
+                               "physical core; nobind; or a CPU list such as 0-3,8 (vLLM: "
+                               "VLLM_CPU_OMP_THREADS_BIND)")
     # Fault injection, for the tests of what a failed forward costs.
     fail_on_step: tuple[int, ...] = option((), "make the forward raise at these engine steps "
                                            "(fault injection)",
@@ -185,6 +188,14 @@ class EngineConfig:
             if choices is not None and f.name != "dtype" and getattr(self, f.name) not in choices:
                 raise ConfigError(f.name, f"{f.name}={getattr(self, f.name)!r}; choose one of "
                                           f"{choices}")
+        from ..threads import check_spec
+
+        try:
+            check_spec(self.threads_bind)
+        except (ValueError, AttributeError, TypeError) as e:
+            raise ConfigError("threads_bind", str(e) if isinstance(e, ValueError) else
+                              f"threads_bind must be auto, nobind or a CPU list, got "
+                              f"{self.threads_bind!r}") from None
         if not isinstance(self.compile, (bool, str)) or self.compile == "":
             raise ConfigError("compile", f"compile must be a bool or a backend name, got "
                                          f"{self.compile!r}")

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <vector>
 
 namespace nanoserve {
 
@@ -22,5 +23,7 @@ bool small_gemm_available();
 at::Tensor pack_small_gemm(const at::Tensor& weight);
 void small_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                 const std::optional<at::Tensor>& bias);
+
+std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpus);
 
 }  // namespace nanoserve

@@ -18,6 +18,7 @@ TORCH_LIBRARY(nanoserve, m) {
   m.def("small_gemm_available() -> bool");
   m.def("pack_small_gemm(Tensor weight) -> Tensor");
   m.def("small_gemm(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()");
+  m.def("bind_threads(int[] cpus) -> int[]");
 }
 
 TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
@@ -32,4 +33,5 @@ TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
 
 TORCH_LIBRARY_IMPL(nanoserve, CompositeExplicitAutograd, m) {
   m.impl("small_gemm_available", &nanoserve::small_gemm_available);
+  m.impl("bind_threads", &nanoserve::bind_threads);
 }
