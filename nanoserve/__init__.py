@@ -12,6 +12,8 @@ from .async_engine import AsyncLLM
 from .config import EngineConfig
 from .llm import LLM, RequestOutput
 from .sampling import SamplingParams
+from .structured.params import StructuredOutputsParams
 
-__all__ = ["AsyncLLM", "EngineConfig", "LLM", "RequestOutput", "SamplingParams"]
+__all__ = ["AsyncLLM", "EngineConfig", "LLM", "RequestOutput", "SamplingParams",
+           "StructuredOutputsParams"]
 __version__ = "0.1.0"

@@ -149,6 +149,8 @@ class AsyncLLM:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.core.loaded is not None:  # tensor-parallel workers stop with the engine
+            self.core.loaded.engine.close()
 
     # ------------------------------------------------------------------ requests
 
@@ -204,6 +206,12 @@ class AsyncLLM:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    def check_grammar(self, spec) -> None:
+        """Compile a structured-outputs spec now (cached for its requests); a bad one raises
+        ``InvalidRequest`` before any request is made. Safe off the event loop's thread: the
+        server runs it on a worker thread so a slow grammar holds up no one else."""
+        self.core.grammars().template(spec)
 
     def abort(self, request_id: str) -> None:
         with self._cond:

@@ -70,7 +70,17 @@ def main(argv: list[str] | None = None) -> int:
                                        allow_abbrev=False))
     b = sub.add_parser("bench", help="benchmarks and harnesses")
     bsub = b.add_subparsers(dest="bench", required=True)
-    from .bench import batchbench, graphbench, offline, schedbench, serve_pair, soak, stress
+    from .bench import (
+        batchbench,
+        graphbench,
+        offline,
+        schedbench,
+        serve_pair,
+        soak,
+        stress,
+        structured,
+        tpbench,
+    )
     from .bench import serve_cli as serve_bench
 
     schedbench.add_arguments(bsub.add_parser("sched", help="the scheduler without a model"))
@@ -84,13 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_arguments(bsub.add_parser("soak", help="thousands of requests, hang-ups, no leaks"))
     offline.add_arguments(bsub.add_parser("offline", help="nanoserve vs transformers and vLLM, "
                                                      "one ragged workload, same run"))
+    tpbench.add_arguments(bsub.add_parser("tp", help="R ranks x C/R threads against 1 rank x C "
+                                          "threads; a decode step's bytes and comm time"))
+    structured.add_arguments(bsub.add_parser("structured", help="a grammar's cost per decode "
+                                             "step and per request, against none"))
     args = ap.parse_args(argv)
     if args.command == "serve":
         return serve.main(args)
     if args.command == "bench":
         return {"sched": schedbench, "batch": batchbench, "stress": stress, "graph": graphbench,
-                "serve": serve_bench, "serve-pair": serve_pair, "soak": soak,
-                "offline": offline}[args.bench].main(args)
+                "serve": serve_bench, "serve-pair": serve_pair, "soak": soak, "tp": tpbench,
+                "offline": offline, "structured": structured}[args.bench].main(args)
     return _generate(args)
 
 

@@ -45,6 +45,7 @@ above the core reaches into the engine, the scheduler or the allocator.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -52,7 +53,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .engine import Engine
+from .engine import Engine, EngineBroken
 from .request import Request, RequestMetrics, RequestState
 from .sampling import SamplingParams
 from .scheduler import Scheduler
@@ -152,6 +153,8 @@ class EngineCore:
         self.requests: dict[str, _Tracked] = {}  # live: added and not yet reported finished
         self.driver: str | None = None  # who steps this core; a second driver is refused
         self.counters = CoreCounters()
+        self._grammars = None  # structured outputs' backend, made on first use
+        self._grammars_lock = threading.Lock()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
@@ -194,9 +197,27 @@ class EngineCore:
                     eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids,
                     stop_token_ids=frozenset(params.stop_token_ids), stop=tuple(params.stop),
                     detokenizer=detok, generator=params.make_generator(device), params=params)
+        if params.structured_outputs is not None:
+            r.matcher = self.grammars().matcher(params.structured_outputs)
         r.metrics = RequestMetrics(time.perf_counter())
         door_check(self.engine.allocator, r, who)
         return r
+
+    def grammars(self):
+        """The structured-outputs backend (Day 67), built at the first constrained request."""
+        with self._grammars_lock:  # the server's worker thread and the event loop may race
+            return self._make_grammars()
+
+    def _make_grammars(self):
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise InvalidRequest("structured_outputs needs the tokenizer; this engine was "
+                                     "built with skip_tokenizer_init=True", "structured_outputs")
+            from .structured.backend import GrammarBackend
+
+            self._grammars = GrammarBackend.for_tokenizer(self.tokenizer, self.vocab_size,
+                                                          self.eos_token_ids)
+        return self._grammars
 
     def add(self, request: Request) -> None:
         """Queue a request built by ``make_request``."""
@@ -242,6 +263,9 @@ class EngineCore:
         self.counters.iterations += 1
         try:
             finished = self.engine.step(out)
+        except EngineBroken as e:  # no later step can run: fail these, and say so upward
+            self._fail(scheduled, e)
+            raise
         except Exception as e:  # noqa: BLE001 - the step's requests fail, the engine lives on
             return self._deltas(out.finished) + self._fail(scheduled, e)
         for r in finished:

@@ -44,9 +44,14 @@ class InjectedFault(RuntimeError):
     """Raised by ``Engine.step`` on a step named in ``fail_on_step`` (tests only)."""
 
 
+class EngineBroken(RuntimeError):
+    """The engine cannot run another step (a tensor-parallel worker died or hung): the
+    step's requests fail and the error travels on, instead of failing each later step."""
 
 
 class Engine:
+    cache_class = BatchedPagedKVCache  # tensor parallelism's rank 0 journals it (tp/mirror.py)
+
     def __init__(self, model, num_kv_blocks: int, block_size: int, max_num_seqs: int,
                  max_model_len: int, fail_on_step: frozenset[int] = frozenset(),
                  prefill: str = "packed", attention: str = "gathered",
@@ -59,7 +64,7 @@ class Engine:
         self.prefill_policy = prefill  # "packed": one stream; "padded": Day 27's rectangle
         pool = CachingBlockAllocator if prefix_caching else BlockAllocator  # Day 43
         self.allocator = pool(num_kv_blocks, block_size)
-        self.cache = BatchedPagedKVCache.for_model(model, num_kv_blocks, block_size,
+        self.cache = self.cache_class.for_model(model, num_kv_blocks, block_size,
                                                    max_num_seqs, max_model_len, attention)
         self.forward_passes = 0
         self.row_steps = 0  # rows issued, summed over forwards
@@ -155,6 +160,9 @@ class Engine:
         self.tokens_computed += B
         self.positions_computed += g.bucket(B)  # the window's rows, padding included
         return logits
+
+    def close(self) -> None:
+        """Release what the engine holds outside this process (nothing, on one rank)."""
 
     # ------------------------------------------------------------ continuous batching
 

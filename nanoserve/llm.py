@@ -126,6 +126,15 @@ class LLM:
 
     def _build(self, config: EngineConfig) -> None:
         self.engine_config = config
+        from .tp.worker import worker_rank
+
+        self.worker_rank = worker_rank(config)  # torchrun's rank > 0: a worker, not a driver
+        if self.worker_rank:
+            from .tp.worker import run_external
+
+            run_external(config.device, config.distributed_timeout_s)  # until rank 0 stops
+            self.core = None
+            return
         self.core = EngineCore.from_config(config)
         loaded = self.core.loaded
         self.config = loaded.model_config  # the checkpoint's shapes (ModelConfig)
@@ -141,6 +150,24 @@ class LLM:
         self.max_num_seqs, self.enable_kv_cache = config.max_num_seqs, config.enable_kv_cache
         self.cuda_graphs, self.compact_rows = config.cuda_graphs, config.persistent_batch
         self.stats = Stats()
+
+    @property
+    def is_driver(self) -> bool:
+        """False on a torchrun rank other than 0: it ran rank 0's forwards until rank 0 shut
+        down, and generates nothing itself."""
+        return not self.worker_rank
+
+    def shutdown(self) -> None:
+        """Stop what the engine runs outside this process (tensor-parallel workers). Idempotent;
+        also at the end of a ``with LLM(...)`` block and at the interpreter's exit."""
+        if self.core is not None:
+            self.core.loaded.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     # ---------------------------------------------------------------- input checks
 
@@ -180,6 +207,9 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | list | None = None
                  ) -> list[RequestOutput]:
         """Prompts as a list of strings or of token-id lists; one output per prompt."""
+        if self.worker_rank:
+            raise RuntimeError(f"this process is tensor-parallel rank {self.worker_rank}, a "
+                               f"worker: only rank 0 generates (check llm.is_driver)")
         reqs, texts = self._admit(prompts, sampling_params)
         e = self.engine
         before = (e.forward_passes, e.row_steps, e.tokens_computed, e.positions_computed)

@@ -15,6 +15,7 @@ Without ``num_kv_blocks`` the pool holds ``max_num_seqs`` full-length sequences,
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -64,37 +65,71 @@ def default_num_kv_blocks(mc: ModelConfig, max_num_seqs: int, max_model_len: int
 
 
 def load_engine(cfg: EngineConfig) -> LoadedEngine:
+    """Every decision first (dtype, packing, the C++ ops, the attention path, the threads, the
+    pool), then the weights and the engine: on one rank here, or, with
+    ``tensor_parallel_size`` > 1, on every rank from the same decisions (``tp/``)."""
     if cfg.attention == "triton":  # without CUDA, the interpreter; chosen before anything
         use_interpreter()          # (the model build included) imports triton
     mc = ModelConfig.from_dir(cfg.model)
     max_model_len = cfg.resolve_max_model_len(mc.max_position_embeddings)
+    tp = cfg.tensor_parallel_size
+    if tp > 1:  # a shape that cannot be split is refused before a worker starts
+        from .tp.shard import ShardPlan
+
+        ShardPlan(mc, tp, 0)
     tokenizer = None if cfg.skip_tokenizer_init else Tokenizer.from_dir(cfg.model)
     device = torch.device(cfg.device)
     dtype, why = choose_dtype(cfg.dtype, mc, device)  # "auto" on a CPU: measured, cached
-    model = load_model(cfg.model, dtype, cfg.device)
     log.info("dtype=%s: %s (%s)", cfg.dtype, str(dtype).removeprefix("torch."), why)
     prepacked, prepack_why = resolve_prepack(cfg.prepack, device, dtype, cfg.compile)
     kernels, kernels_why = resolve_kernels(cfg.kernels, device, dtype)
-    if prepacked:
-        prepack_model(model, small_gemm=kernels and dtype == torch.bfloat16)
+    small_gemm = kernels and dtype == torch.bfloat16
     log.info("prepack=%s: %s (%s)", cfg.prepack, "packed" if prepacked else "plain",
              prepack_why)
-    if kernels:  # Llama.forward goes through fused.py
-        from .fused import fused_forward
-        model.fused_forward = fused_forward
     attention = cfg.attention if cfg.attention != "auto" else "cpu" if kernels else "gathered"
     log.info("kernels=%s: %s (%s); attention=%s", cfg.kernels, "on" if kernels else "off",
              kernels_why, attention)
-    binding = plan(cfg.threads_bind, device)
+    local_rank, local_ranks = _local_ranks(cfg)
+    binding = plan(cfg.threads_bind, device, local_rank, local_ranks)
     log.info("threads_bind=%s: %s", cfg.threads_bind, binding.describe())
     eos = tokenizer.eos_token_ids if tokenizer else ()
     num_kv_blocks = cfg.num_kv_blocks or default_num_kv_blocks(
         mc, cfg.max_num_seqs, max_model_len, cfg.block_size,
-        model.embed_tokens.weight.element_size())
-    engine = Engine(model, num_kv_blocks, cfg.block_size, cfg.max_num_seqs, max_model_len,
-                    fail_on_step=frozenset(cfg.fail_on_step), prefill=cfg.prefill,
-                    attention=attention, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs,
-                    prefix_caching=cfg.enable_prefix_caching)
+        torch.empty((), dtype=dtype).element_size())
+    engine_kw = dict(num_kv_blocks=num_kv_blocks, block_size=cfg.block_size,
+                     max_num_seqs=cfg.max_num_seqs, max_model_len=max_model_len,
+                     fail_on_step=list(cfg.fail_on_step), prefill=cfg.prefill,
+                     attention=attention, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs,
+                     prefix_caching=cfg.enable_prefix_caching)
+    if tp > 1:
+        from .tp.executor import start_rank0
+        from .tp.rank import RankSpec
+
+        spec = RankSpec(str(cfg.model), str(dtype).removeprefix("torch."), cfg.device, tp,
+                        cfg.threads_bind, prepacked, small_gemm, kernels, engine_kw)
+        _, model, engine = start_rank0(spec, cfg.distributed_executor_backend,
+                                       cfg.distributed_timeout_s)
+        log.info("tensor parallelism over %d ranks (%s): %s", tp,
+                 cfg.distributed_executor_backend, model.shard_plan.describe())
+    else:
+        model = load_model(cfg.model, dtype, cfg.device)
+        if prepacked:
+            prepack_model(model, small_gemm=small_gemm)
+        if kernels:  # Llama.forward goes through fused.py
+            from .fused import fused_forward
+            model.fused_forward = fused_forward
+        engine_kw["fail_on_step"] = frozenset(engine_kw["fail_on_step"])
+        engine = Engine(model, **engine_kw)
     return LoadedEngine(cfg, mc, tokenizer, model, device, dtype, why, prepacked, prepack_why,
                         kernels, kernels_why, attention, frozenset(eos or mc.eos_token_ids),
                         max_model_len, engine, binding)
+
+
+def _local_ranks(cfg: EngineConfig) -> tuple[int, int]:
+    """This process's rank among the ranks on this machine, and how many there are: they share
+    its cores (``threads.plan``). ``mp`` starts them all here; torchrun says."""
+    if cfg.tensor_parallel_size == 1:
+        return 0, 1
+    if cfg.distributed_executor_backend == "external_launcher":
+        return int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return 0, cfg.tensor_parallel_size

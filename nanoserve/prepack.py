@@ -147,7 +147,7 @@ def prepack_model(model: nn.Module, small_gemm: bool = False) -> int:
 
     count = 0
     for layer in model.layers:
-        for parent in (layer.self_attn, layer.mlp):
+        for parent in list(layer.modules()):  # nested too: a tensor-parallel wrapper's linear
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, PackedLinear(child.weight, child.bias,

@@ -112,6 +112,7 @@ class Request:
         self.finish_iteration: int | None = None  # the iteration that produced its last token
         self.arrival = 0  # order of arrival at the scheduler: lower is older
         self.num_preemptions = 0
+        self.matcher = None  # structured outputs: the grammar's state after output_token_ids
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.state.value}, slot={self.slot}, "
@@ -156,6 +157,15 @@ class Request:
             self.metrics.first_token_time = self.metrics.first_token_time or now
             self.metrics.last_token_time = now
         delta = self.detokenizer.push(token) if self.detokenizer is not None else ""
+        if self.matcher is not None:
+            if not self.matcher.consume_token(token):
+                raise RuntimeError(f"request {self.request_id!r}: token {token} is outside its "
+                                   f"grammar ({self.matcher.get_error()}); the mask let it through")
+            if self.matcher.is_stopped():  # the grammar is complete: nothing more may follow
+                self.finish("stop", token if token in self.eos_token_ids else None)
+                if self.detokenizer is not None:
+                    self.text = self.detokenizer.text
+                return True
         if len(self.output_token_ids) < self.min_tokens:
             pass  # too short to stop (vLLM's rule); from the min_tokens-th token on, it may
         elif token in self.eos_token_ids or token in self.stop_token_ids:

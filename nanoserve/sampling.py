@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .request import TokenLogprob
+from .structured.params import StructuredOutputsParams
 from .validation import InvalidRequest
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1: off
     min_tokens: int = 0  # EOS and stop rules wait until the output has this many tokens
     logprobs: int | None = None  # None: off; k: the sampled token's logprob and the top k
+    structured_outputs: StructuredOutputsParams | dict | None = None  # a grammar (Day 67)
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:  # also catches NaN
@@ -117,6 +119,16 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise InvalidRequest("stop strings must be non-empty", "stop")
         self.stop_token_ids = list(self.stop_token_ids or [])
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            try:
+                so = StructuredOutputsParams(**so)
+            except TypeError as e:
+                raise InvalidRequest(f"structured_outputs: {e}", "structured_outputs") from None
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise InvalidRequest(f"structured_outputs must be a StructuredOutputsParams, got "
+                                 f"{type(so).__name__}", "structured_outputs")
+        self.structured_outputs = so
 
     @property
     def greedy(self) -> bool:
@@ -266,6 +278,11 @@ def sample_requests(logits: torch.Tensor, requests: list[Request]) -> list[int]:
     if rows:
         x = x.clone() if x is logits else x
         x[rows, cols] = float("-inf")
+    constrained = [i for i, r in enumerate(requests) if getattr(r, "matcher", None) is not None]
+    if constrained:  # a grammar's mask first: nothing below may bring a banned token back
+        from .structured.mask import apply
+
+        x = apply(x, constrained, [requests[i].matcher for i in constrained])
     tokens = sample(x, params, [r.generator for r in requests])  # (B,)
     lp_rows = [i for i, sp in enumerate(params) if sp.logprobs is not None]
     if lp_rows:

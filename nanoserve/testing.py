@@ -66,3 +66,60 @@ def load_hf_model(path: str | Path):
 def relative_logit_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
     """max |ours - ref| / max |ref|: the error relative to the logits' own size."""
     return ((ours.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
+def greedy_logits(llm, ids: list[int], steps: int) -> list[torch.Tensor]:
+    """Prefill ``ids`` in row 0 of ``llm``'s engine, then ``steps`` greedy decodes: each step's
+    (V,) float32 logits. Goes through the engine's own prefill and decode, so a tensor-parallel
+    engine's workers run the same forwards; row 0 is released after."""
+    e, out = llm.engine, []
+    with torch.inference_mode():
+        e.grant(0, len(ids) + steps)
+        try:
+            logits = e.prefill([0], [ids])
+            for _ in range(steps):
+                out.append(logits[0].float().clone())
+                logits = e.decode([0], [int(logits[0].argmax())])
+        finally:
+            e.release(0)
+    return out
+
+
+SCHEMA_WORDS = ["name", "id", "kind", "tags", "size", "ok", "city", "note", "level", "items"]
+
+
+def random_json_schema(rng, depth: int = 0) -> dict:
+    """A seeded JSON schema over the keywords structured outputs must enforce: closed objects
+    with required and nested fields, arrays with length bounds, enums, consts, bounded integers
+    and numbers (``multipleOf``, so a complete number can end), strings with lengths or
+    patterns. ``rng`` is a ``random.Random``."""
+    kinds = ["integer", "number", "string", "pattern", "enum", "const", "boolean"]
+    if depth < 2:
+        kinds += ["object", "array"]
+    kind = rng.choice(kinds)
+    if kind == "integer":
+        lo = rng.randint(-50, 50)
+        return {"type": "integer", "minimum": lo, "maximum": lo + rng.randint(0, 500)}
+    if kind == "number":
+        return {"type": "number", "minimum": 0, "maximum": rng.choice([1, 10, 1000]),
+                "multipleOf": 0.25}  # unbounded decimals would let a small model ramble
+    if kind == "string":
+        lo = rng.randint(0, 3)
+        return {"type": "string", "minLength": lo, "maxLength": lo + rng.randint(1, 10)}
+    if kind == "pattern":
+        return {"type": "string", "pattern": rng.choice(["^[a-z]{1,8}$", "^[0-9]{2,4}$",
+                                                          "^(red|green|blue)$"])}
+    if kind == "enum":
+        return {"enum": rng.sample(["alpha", "beta", "gamma", 1, 2, None, True], 3)}
+    if kind == "const":
+        return {"const": rng.choice(["fixed", 7, False])}
+    if kind == "boolean":
+        return {"type": "boolean"}
+    if kind == "array":
+        lo = rng.randint(0, 2)
+        return {"type": "array", "items": random_json_schema(rng, depth + 1), "minItems": lo,
+                "maxItems": lo + rng.randint(1, 3)}
+    keys = rng.sample(SCHEMA_WORDS, rng.randint(1, 4))
+    return {"type": "object", "properties": {k: random_json_schema(rng, depth + 1) for k in keys},
+            "required": rng.sample(keys, rng.randint(1, len(keys))),
+            "additionalProperties": False}

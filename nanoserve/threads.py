@@ -37,6 +37,7 @@ BIND_WORDS = ("auto", "nobind")
 class Binding:
     cpus: tuple[int, ...]  # thread t runs on cpus[t]; empty: not bound
     reason: str
+    threads: int = 0  # unbound, but this many compute threads (one rank of several); 0: as is
 
     def describe(self) -> str:
         if not self.cpus:
@@ -85,36 +86,54 @@ def physical_cores(allowed: set[int], sysfs: Path = Path("/sys/devices/system/cp
     return out
 
 
-def plan(spec: str, device: torch.device | str = "cpu") -> Binding:
-    """What ``spec`` means on this machine: the CPUs, or why none."""
+def _share(cpus: list[int], rank: int, ranks: int) -> list[int]:
+    """Rank ``rank``'s equal share of ``cpus`` (at least one, shared only when too few)."""
+    per = len(cpus) // ranks
+    return cpus[rank * per:(rank + 1) * per] if per else [cpus[rank % len(cpus)]]
+
+
+def plan(spec: str, device: torch.device | str = "cpu", rank: int = 0,
+         ranks: int = 1) -> Binding:
+    """What ``spec`` means on this machine: the CPUs, or why none. With ``ranks`` > 1
+    (tensor parallelism, one process per rank on this machine) each rank gets its own equal
+    share of the cores, so the ranks never compete for one."""
     check_spec(spec)
     if torch.device(device).type != "cpu":
         return Binding((), f"threads_bind is a CPU setting (device is {torch.device(device)})")
+    allowed = os.sched_getaffinity(0)
+    of = f", rank {rank} of {ranks}" if ranks > 1 else ""
     if spec == "nobind":
-        return Binding((), "threads_bind=nobind")
+        threads = max(1, len(physical_cores(allowed)) // ranks) if ranks > 1 else 0
+        return Binding((), f"threads_bind=nobind{of}", threads)
     from . import csrc
 
     why_not = csrc.load()
-    allowed = os.sched_getaffinity(0)
     if spec == "auto":
-        if why_not:
-            return Binding((), f"auto binds through the C++ ops, which are off: {why_not}")
         cores = physical_cores(allowed)
-        cpus = tuple(cores[:max(1, min(torch.get_num_threads(), len(cores)))])
-        return Binding(cpus, f"auto: one thread per physical core, {len(cores)} allowed")
+        if why_not:
+            return Binding((), f"auto binds through the C++ ops, which are off: {why_not}",
+                           max(1, len(cores) // ranks) if ranks > 1 else 0)
+        if ranks > 1:
+            cpus = tuple(_share(cores, rank, ranks))
+        else:
+            cpus = tuple(cores[:max(1, min(torch.get_num_threads(), len(cores)))])
+        return Binding(cpus, f"auto: one thread per physical core, {len(cores)} allowed{of}")
     cpus = parse_cpus(spec)
     if not set(cpus) <= allowed:
         raise ValueError(f"threads_bind={spec!r}: CPUs {sorted(set(cpus) - allowed)} are not "
                          f"among the {sorted(allowed)} this process may use")
     if why_not:
         raise ValueError(f"threads_bind={spec!r} needs the C++ ops: {why_not}")
-    return Binding(tuple(cpus), f"threads_bind={spec}")
+    return Binding(tuple(_share(cpus, rank, ranks)) if ranks > 1 else tuple(cpus),
+                   f"threads_bind={spec}{of}")
 
 
 def bind(binding: Binding) -> None:
     """Pin the calling thread's OpenMP team as planned (the caller becomes thread 0)."""
     if binding.cpus:
         torch.ops.nanoserve.bind_threads(list(binding.cpus))
+    elif binding.threads:
+        torch.set_num_threads(binding.threads)
 
 
 @contextlib.contextmanager
@@ -122,7 +141,7 @@ def pinned(binding: Binding):
     """Run the body with this thread's team pinned; give the caller its own mask and torch's
     thread count back after. The workers stay pinned: idle between calls, bound again at the
     next."""
-    if not binding.cpus:
+    if not binding.cpus and not binding.threads:
         yield
         return
     mine, threads = os.sched_getaffinity(0), torch.get_num_threads()

@@ -38,6 +38,7 @@ DEFAULT_BATCHED_TOKENS = 512  # one step's budget offline (LLM): throughput, few
 SERVE_BATCHED_TOKENS = 128  # nanoserve serve's: streams wait out each step (Day 42 measured it)
 PREPACK_CHOICES = ("auto", True, False)
 KERNEL_CHOICES = ("auto", True, False)
+TP_BACKENDS = ("mp", "external_launcher")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "float", "bf16", "fp16", "half")
 
 
@@ -136,6 +137,18 @@ class EngineConfig:
     threads_bind: str = option("auto", "pin the compute threads (threads.py): auto: one per "
                                "physical core; nobind; or a CPU list such as 0-3,8 (vLLM: "
                                "VLLM_CPU_OMP_THREADS_BIND)")
+    # Tensor parallelism (Days 64-66): the model split over ranks, one process each.
+    tensor_parallel_size: int = option(1, "ranks the model is split over (Megatron's split, "
+                                       "one process per rank; gloo on a CPU, NCCL on cards)",
+                                       aliases=("-tp",), vllm="tensor_parallel_size",
+                                       cli={"type": int})
+    distributed_executor_backend: str = option(
+        "mp", "mp: this engine starts the worker ranks (torch.multiprocessing); "
+        "external_launcher: torchrun started every rank", vllm="distributed_executor_backend",
+        choices=TP_BACKENDS)
+    distributed_timeout_s: float = option(60.0, "the longest rank 0 waits on a worker rank in "
+                                          "one collective before the engine fails",
+                                          cli={"type": float})
     # Fault injection, for the tests of what a failed forward costs.
     fail_on_step: tuple[int, ...] = option((), "make the forward raise at these engine steps "
                                            "(fault injection)",
@@ -199,6 +212,18 @@ class EngineConfig:
         if not isinstance(self.compile, (bool, str)) or self.compile == "":
             raise ConfigError("compile", f"compile must be a bool or a backend name, got "
                                          f"{self.compile!r}")
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ConfigError("tensor_parallel_size", f"tensor_parallel_size must be an int >= "
+                                                      f"1, got {tp!r}")
+        if tp > 1 and not self.enable_kv_cache:
+            raise ConfigError("tensor_parallel_size", "tensor_parallel_size > 1 runs on the "
+                                                      "paged KV cache; enable_kv_cache=False "
+                                                      "has none")
+        t = self.distributed_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            raise ConfigError("distributed_timeout_s", f"distributed_timeout_s must be a "
+                                                       f"number > 0, got {t!r}")
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 1
                for s in self.fail_on_step):
             raise ConfigError("fail_on_step", f"fail_on_step holds step numbers >= 1, got "

@@ -1,0 +1,69 @@
+"""One rank's weights, read slice by slice from the checkpoint's safetensors files.
+
+Why this module exists: a model split over ranks because it does not fit one must not be read
+whole by each of them. Every tensor is opened with ``safe_open(...).get_slice(name)`` and only
+this rank's rows or columns (``ShardPlan.take``) are read; then the same renaming and fusing as
+one rank's load (``weights.hf_to_nanoserve``, sized by the rank's own config) and the same
+shape check against the model it fills. ``bytes_read`` says how much of the checkpoint this rank
+touched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ..weights import _tensor_files, hf_to_nanoserve
+from .comm import Comm
+from .layers import TPLlama
+from .shard import ShardPlan
+
+WRAPPED = ("self_attn.o_proj.", "mlp.down_proj.")  # RowParallel keeps its linear as .linear
+
+
+def read_slices(model_dir: str | Path, plan: ShardPlan) -> tuple[dict[str, torch.Tensor], int]:
+    """This rank's piece of every tensor, by its Hugging Face name; and the bytes read."""
+    files = _tensor_files(Path(model_dir))
+    by_file: dict[Path, list[str]] = {}
+    for name, f in files.items():
+        by_file.setdefault(f, []).append(name)
+    out, nbytes = {}, 0
+    for f, names in by_file.items():
+        with safe_open(f, framework="pt") as handle:
+            for name in names:
+                if name.endswith("rotary_emb.inv_freq"):
+                    continue
+                t = plan.take(name, handle.get_slice(name))
+                out[name] = t
+                nbytes += t.numel() * t.element_size()
+    return out, nbytes
+
+
+def load_shard(model_dir: str | Path, plan: ShardPlan, comm: Comm, dtype: torch.dtype,
+               device: torch.device | str = "cpu") -> TPLlama:
+    """Build rank ``plan.rank``'s ``TPLlama`` without a random init or a whole-tensor read."""
+    from ..model import rope_inv_freq
+
+    hf, nbytes = read_slices(model_dir, plan)
+    state = hf_to_nanoserve(hf, plan.local)
+    for key in list(state):
+        for w in WRAPPED:
+            if w in key:
+                head, _, tail = key.partition(w)
+                state[f"{head}{w}linear.{tail}"] = state.pop(key)
+    with torch.device("meta"):
+        model = TPLlama(plan.local, comm, plan.cfg.vocab_size, plan.vocab_rows[0])
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if expected != got:
+        bad = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+        raise ValueError(f"rank {plan.rank}: the checkpoint's slices do not match the shard "
+                         f"at {bad[:3]}: expected {[expected.get(k) for k in bad[:3]]}, found "
+                         f"{[got.get(k) for k in bad[:3]]}")
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()},
+                          assign=True)
+    model.inv_freq = rope_inv_freq(plan.local).to(device)
+    model.bytes_read = nbytes
+    return model.eval()
