@@ -130,6 +130,28 @@ def test_decode_attention_reads_the_blocks_in_place(head_dim, hkv, group, block_
     torch.testing.assert_close(out, want, atol=ATOL[dt], rtol=0)
 
 
+@given(batch=st.integers(1, 9), vocab=st.integers(1, 3000), extra=st.integers(0, 40),
+       fill=st.sampled_from(["random", "zeros", "ones", "sparse"]), seed=st.integers(0, 2**16))
+@SETTINGS
+def test_apply_token_bitmask_masks_exactly_the_reference_cells(batch, vocab, extra, fill, seed):
+    """Random words (and all-zero, all-one and sparse ones), rows in any order, a vocabulary
+    that may run past the mask's last word: the op in place equals the reference's copy."""
+    g = torch.Generator().manual_seed(seed)
+    W = -(-vocab // 32)
+    n = int(torch.randint(1, batch + 1, (1,), generator=g))
+    rows = torch.randperm(batch, generator=g)[:n]
+    words = {"random": torch.randint(-(2**31), 2**31 - 1, (n, W), generator=g,
+                                     dtype=torch.int64).to(torch.int32),
+             "zeros": torch.zeros(n, W, dtype=torch.int32),
+             "ones": torch.full((n, W), -1, dtype=torch.int32),
+             "sparse": (torch.rand(n, W, generator=g) < 0.05).to(torch.int32) * 5}[fill]
+    logits = torch.randn(batch, vocab + extra, generator=g)
+    want = R().apply_token_bitmask_reference(logits, rows, words)
+    got = logits.clone()
+    torch.ops.nanoserve.apply_token_bitmask(got, rows, words)
+    assert torch.equal(got, want)
+
+
 def test_bad_arguments_are_refused_with_the_reason():
     q = torch.randn(2, 4, 32)
     kp = torch.randn(16, 2, 32)
@@ -140,6 +162,9 @@ def test_bad_arguments_are_refused_with_the_reason():
     with pytest.raises(RuntimeError, match="outside the pool"):
         torch.ops.nanoserve.paged_decode_attention(torch.empty_like(q), q, kp, kp, table + 5,
                                                    torch.tensor([3, 3]), 8, 1.0)
+    with pytest.raises(RuntimeError, match="row 3 is outside"):
+        torch.ops.nanoserve.apply_token_bitmask(torch.zeros(3, 64), torch.tensor([3]),
+                                                torch.zeros(1, 2, dtype=torch.int32))
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         x = torch.randn(2, 8, dtype=torch.float16)
         torch.ops.nanoserve.rms_norm(torch.empty_like(x), x, torch.ones(8, dtype=x.dtype), 1e-5)

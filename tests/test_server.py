@@ -242,6 +242,36 @@ def test_chat(tiny):
     assert sum(k.choices[0].finish_reason is not None for k in chunks) == 1
 
 
+def test_chat_takes_response_format_from_the_official_client_and_hang_ups_free_blocks(tiny):
+    """OpenAI's own ``response_format`` parameter on chat, streamed and not; a constrained
+    stream the client drops is aborted and its blocks come back (the fixture checks at the
+    end that every block is free)."""
+    c = client(tiny)
+    schema = {"type": "object", "required": ["ok", "n"], "additionalProperties": False,
+              "properties": {"ok": {"type": "boolean"},
+                             "n": {"type": "integer", "minimum": 0, "maximum": 99}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema,
+                                                  "strict": True}}
+    messages = [{"role": "user", "content": "Answer as JSON."}]
+    r = c.chat.completions.create(model=NAME, messages=messages, max_tokens=64, temperature=0,
+                                  response_format=fmt)
+    assert r.choices[0].finish_reason == "stop"
+    got = json.loads(r.choices[0].message.content)
+    assert set(got) == {"ok", "n"} and isinstance(got["ok"], bool) and 0 <= got["n"] <= 99
+    stream = c.chat.completions.create(model=NAME, messages=messages, max_tokens=64,
+                                       temperature=0, response_format=fmt, stream=True)
+    text = "".join(k.choices[0].delta.content or "" for k in stream if k.choices)
+    assert text == r.choices[0].message.content
+    long = c.chat.completions.create(  # a language that never ends: dropped after 3 chunks
+        model=NAME, messages=messages, max_tokens=900, temperature=0, stream=True,
+        extra_body={"structured_outputs": {"regex": "[a-z ]+"}, "ignore_eos": True})
+    for i, _ in enumerate(long):
+        if i == 3:
+            break
+    long.close()
+    wait_for(lambda: tiny.engine.snapshot().num_running == 0, 30, what="the abort")
+
+
 def test_chat_default_budget_is_the_context(tiny):
     r = post(tiny, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                             "temperature": 0, "ignore_eos": True,
@@ -274,7 +304,12 @@ def test_chat_default_budget_is_the_context(tiny):
     ({"prompt": "x", "best_of": 2}, "best_of"),
     ({"prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
     ({"prompt": "x", "tools": [{"type": "function"}]}, "tools"),
-    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "response_format": {"type": "xml"}}, "response_format"),
+    ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a(b"}}, "structured_outputs"),
+    ({"prompt": "x", "structured_outputs": {"choice": []}}, "structured_outputs"),
+    ({"prompt": "x", "structured_outputs": {"yaml": "x"}}, "structured_outputs"),
+    ({"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
     ({"prompt": "x", "seed": 2**64}, "seed"),
     ({"prompt": "x", "top_k": 2**40}, "top_k"),
     ({"prompt": ["a"] * 300}, "prompt"),  # over 256 engine requests in one call

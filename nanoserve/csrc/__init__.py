@@ -31,7 +31,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("registry.cpp", "norm.cpp", "activation.cpp", "rope_cache.cpp", "decode_attention.cpp",
-           "small_gemm.cpp", "threads.cpp")
+           "small_gemm.cpp", "threads.cpp", "token_bitmask.cpp")
 HEADERS = ("ops.h", "vec.h")
 # -ffp-contract=off: no multiply-add fused behind our back, so float32 rounds where PyTorch does.
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17")
@@ -137,6 +137,11 @@ def resolve(kernels: bool | str, device: torch.device, dtype: torch.dtype) -> tu
     took = build_seconds()
     built = f"built in {took:.1f} s" if took else "cached build"
     return True, f"C++ CPU ops loaded ({built}, {build_dir() / ('nanoserve_ops_' + build_key())})"
+
+
+def loaded() -> bool:
+    """Whether ``torch.ops.nanoserve`` is loaded in this process (never builds or loads it)."""
+    return _state["loaded"]
 
 
 def build_seconds() -> float:

@@ -21,7 +21,7 @@ def _no_shape_change(*args, **kwargs) -> None:
 
 
 OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope_and_cache",
-       "paged_decode_attention")
+       "paged_decode_attention", "apply_token_bitmask")
 
 
 def _packed_shape(weight: torch.Tensor) -> torch.Tensor:
@@ -72,4 +72,17 @@ def decode_attention_reference(q, k_pool, v_pool, block_table, context_lens, blo
         got = F.scaled_dot_product_attention(q[b].view(Hkv, Hq // Hkv, D).float(),
                                              keys.float(), values.float())
         out[b] = got.reshape(Hq, D).to(q.dtype)
+    return out
+
+
+def apply_token_bitmask_reference(logits: torch.Tensor, rows: torch.Tensor,
+                                  words: torch.Tensor) -> torch.Tensor:
+    """logits (B, V) with row ``rows[i]``'s tokens whose bit in ``words[i]`` is 0 at -inf, and
+    every column past ``32 * W`` too: what the op leaves in place, made here as a copy."""
+    V = logits.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32)
+    ok = ((words[:, :, None] >> shifts) & 1).reshape(words.shape[0], -1).bool()  # (n, 32 W)
+    ok = torch.cat([ok, ok.new_zeros(ok.shape[0], max(0, V - ok.shape[1]))], 1)[:, :V]
+    out = logits.clone()
+    out[rows] = out[rows].masked_fill(~ok, float("-inf"))
     return out

@@ -23,7 +23,7 @@ from jinja2 import TemplateError
 from .context import ServingContext, serving
 from .errors import ApiError
 from .fanout import Choice, collect, open_fanout, usage
-from .parsing import budget, check_ids, jobs_for, open_request
+from .parsing import budget, check_ids, compile_grammar, jobs_for, open_request
 from .protocol import (
     AssistantMessage,
     ChatChoice,
@@ -103,6 +103,7 @@ async def create_chat_completion(request: Request):
     mt = budget(ctx, len(ids), req.max_completion_tokens or req.max_tokens, name, None)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    await compile_grammar(ctx, req)
     jobs = jobs_for(ctx, rid, req, [ids], [mt], logprobs,
                     {"logprobs": "top_logprobs", "max_tokens": name})
     choices = [Choice(k, ids) for k in range(len(jobs))]

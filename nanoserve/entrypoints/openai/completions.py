@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from .context import ServingContext, serving
 from .errors import ApiError
 from .fanout import Choice, collect, open_fanout, usage
-from .parsing import budget, check_ids, encode_text, jobs_for, open_request
+from .parsing import budget, check_ids, compile_grammar, encode_text, jobs_for, open_request
 from .protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from .streaming import SSEResponse, sse, sse_events
 
@@ -58,6 +58,7 @@ async def create_completion(request: Request):
     mts = [budget(ctx, len(ids), req.max_tokens, "max_tokens", DEFAULT_COMPLETION_TOKENS)
            for ids in prompts]
     rid = f"cmpl-{uuid.uuid4().hex}"
+    await compile_grammar(ctx, req)
     jobs = jobs_for(ctx, rid, req, prompts, mts, req.logprobs, {})
     choices = [Choice(k, ids) for k, (_, ids, _) in enumerate(jobs)]
     fan = await open_fanout(request, ctx.engine, ctx.metrics, jobs, arrival)

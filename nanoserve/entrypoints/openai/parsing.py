@@ -16,6 +16,7 @@ check here; an endpoint may rename it to its own wire name (chat's ``logprobs`` 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -25,6 +26,7 @@ from starlette.requests import ClientDisconnect
 
 from ...async_engine import Overloaded
 from ...sampling import SamplingParams
+from ...structured.params import StructuredOutputsParams
 from ...validation import InvalidRequest, check_prompt_ids
 from .context import ServingContext
 from .errors import ApiError, ClientGone, as_api_error
@@ -146,6 +148,37 @@ def budget(ctx: ServingContext, n_prompt: int, asked: int | None, name: str,
     return asked
 
 
+def structured(req) -> tuple[StructuredOutputsParams | None, str]:
+    """The request's grammar, from OpenAI's ``response_format`` or vLLM's
+    ``structured_outputs``, and the wire field it came from (a refusal names it)."""
+    rf, so = req.response_format, req.structured_outputs
+    if rf is not None and so is not None and rf.get("type") != "text":
+        raise ApiError(400, "give response_format or structured_outputs, not both",
+                       "response_format")
+    try:
+        if so is not None:
+            return StructuredOutputsParams(**so), "structured_outputs"
+        if rf is None or rf.get("type") == "text":
+            return None, "response_format"
+        if rf.get("type") == "json_object":
+            return StructuredOutputsParams(json_object=True), "response_format"
+        if rf.get("type") == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or "schema" not in js:
+                raise ApiError(400, "response_format.json_schema needs a 'schema' object",
+                               "response_format")
+            return (StructuredOutputsParams(json=js["schema"], strict=bool(js.get("strict"))),
+                    "response_format")
+    except TypeError as e:  # an unknown key of structured_outputs
+        raise ApiError(400, f"structured_outputs: {e}", "structured_outputs") from None
+    except ValueError as e:
+        err = as_api_error(e)
+        err.param = "structured_outputs" if so is not None else "response_format"
+        raise err from None
+    raise ApiError(400, f"response_format type {rf.get('type')!r}: choose text, json_object or "
+                        f"json_schema", "response_format")
+
+
 def sampling(req, max_tokens: int | None, logprobs: int | None, seed: int | None,
              names: dict[str, str]) -> SamplingParams:
     """The request's ``SamplingParams``; a refusal names the wire field (``names`` maps
@@ -155,13 +188,29 @@ def sampling(req, max_tokens: int | None, logprobs: int | None, seed: int | None
               skip_special_tokens=req.skip_special_tokens, min_p=req.min_p,
               presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
               repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens,
-              logprobs=logprobs)
+              logprobs=logprobs, structured_outputs=structured(req)[0])
     try:  # None: the field was not sent, so SamplingParams' default (vLLM's) applies
         return SamplingParams(max_tokens=max_tokens,
                               **{k: v for k, v in kw.items() if v is not None})
     except ValueError as e:
         err = as_api_error(e)
         err.param = names.get(err.param, err.param)
+        raise err from None
+
+
+async def compile_grammar(ctx: ServingContext, req) -> None:
+    """Compile the request's grammar, if it has one, on a worker thread: the event loop keeps
+    streaming other requests' tokens and the engine thread keeps stepping meanwhile. Compiled
+    once per distinct spec (the backend caches it); a bad spec is a 400 naming its field,
+    before any request reaches the engine."""
+    spec, field = structured(req)
+    if spec is None:
+        return
+    try:
+        await asyncio.to_thread(ctx.engine.check_grammar, spec)
+    except ValueError as e:
+        err = as_api_error(e)
+        err.param = field
         raise err from None
 
 

@@ -54,6 +54,11 @@ class _Sampling(_Strict):
     min_tokens: int = Field(0, ge=0, le=2**31 - 1)
     skip_special_tokens: bool = True
     return_token_ids: bool = False  # vLLM: add token_ids / prompt_token_ids to the response
+    # Structured outputs (Day 67): OpenAI's response_format, or vLLM's structured_outputs
+    # object ({"json" | "regex" | "choice" | "grammar" | "json_object": ...}); parsing.py reads
+    # them into a StructuredOutputsParams.
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -88,11 +93,11 @@ _OFF = (None, False, [], {}, "")
 UNSUPPORTED: dict[str, tuple] = {
     "tools": _OFF, "tool_choice": (*_OFF, "none"), "functions": _OFF,
     "function_call": (*_OFF, "none"), "parallel_tool_calls": _OFF,
-    "response_format": (*_OFF, {"type": "text"}), "logit_bias": _OFF, "suffix": _OFF,
+    "logit_bias": _OFF, "suffix": _OFF,
     "echo": _OFF, "best_of": (*_OFF, 1), "audio": _OFF, "modalities": (*_OFF, ["text"]),
     "prediction": _OFF, "web_search_options": _OFF, "prompt_cache_key": _OFF,
     "cache_salt": _OFF, "guided_json": _OFF, "guided_regex": _OFF, "guided_choice": _OFF,
-    "guided_grammar": _OFF, "structured_outputs": _OFF,
+    "guided_grammar": _OFF,
 }
 
 

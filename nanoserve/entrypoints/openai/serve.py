@@ -93,6 +93,7 @@ def make_server(app, engine, host: str, port: int, drain_timeout: float,
 
 
 def main(args: argparse.Namespace) -> int:
+    from ...tp.worker import run_external, worker_rank
     from .app import build_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:  %(message)s")
@@ -113,6 +114,12 @@ def main(args: argparse.Namespace) -> int:
         template = path.read_text()
     try:
         config = EngineConfig.from_cli_args(args).for_serving()
+        rank = worker_rank(config)
+        if rank:  # torchrun's rank > 0: run rank 0's forwards; rank 0 alone listens
+            log.info("tensor-parallel rank %d: serving rank 0's forwards", rank)
+            forwards = run_external(config.device, config.distributed_timeout_s)
+            log.info("tensor-parallel rank %d: rank 0 stopped after %d forwards", rank, forwards)
+            return 0
         engine = build_engine(config, max_waiting=args.max_waiting)
     except ValueError as e:
         print(f"nanoserve serve: error: {e}", file=sys.stderr)
