@@ -1,0 +1,1 @@
+"""Day 64's frozen split: which slice of every tensor a rank holds, from config.json alone."""

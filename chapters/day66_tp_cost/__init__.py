@@ -1,0 +1,1 @@
+"""Day 66 as it stood: what tensor parallelism moves per step, and what it buys here."""

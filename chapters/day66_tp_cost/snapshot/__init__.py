@@ -1,0 +1,1 @@
+"""Day 66's frozen cost model: the bytes each collective moves in one decode step."""
