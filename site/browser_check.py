@@ -12,7 +12,12 @@ It saves a screenshot of every page in build/site-screenshots/. It drives Chromi
 DevTools protocol over ``--remote-debugging-pipe`` (the browser reads NUL-terminated JSON on fd 3
 and writes on fd 4), so it needs nothing beyond the standard library and /usr/bin/chromium.
 
-    .venv/bin/python site/browser_check.py        # what `make site-test` runs after `make site`
+It checks build/site as it finds it and builds nothing: ``make site-test`` first runs
+``build_book.py --fresh`` and builds the book only when build/site.stamp does not match the
+inputs, so after ``make site`` it comes straight here. The stamp, when there is one, is named in
+the first line of output, so a log says which build was checked.
+
+    .venv/bin/python site/browser_check.py    # what `make site-test` runs on a current site
 """
 
 from __future__ import annotations
@@ -188,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shots", type=Path, default=ROOT / "build" / "site-screenshots")
     ap.add_argument("--chromium", default="/usr/bin/chromium")
     args = ap.parse_args(argv)
+    stamp = args.site.parent / "site.stamp"
+    if stamp.is_file():
+        built = json.loads(stamp.read_text())
+        print(f"checking {args.site} built {built.get('built', '?')} from inputs sha256 "
+              f"{built.get('inputs', {}).get('sha256', '?')[:12]}")
     chapters = {c["url"]: c for c in json.loads(args.book.read_text())["chapters"]}
     pages = sorted(str(p.parent.relative_to(args.site)) + "/"
                    for p in args.site.rglob("index.html"))

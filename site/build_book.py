@@ -16,14 +16,23 @@ Then it writes the home page, one API page per module found in nanoserve/, and b
 (the nav, read by hooks.py, and the chapter list, read by browser_check.py), and runs
 ``mkdocs build --strict`` into build/site/.
 
+A whole build takes minutes, so a finished one leaves build/site.stamp: the state of its
+inputs when it started (every file git tracks or would track, by content, and the versions of
+Python and the packages that run the book). ``--fresh`` compares that record with the inputs as
+they are now and exits 0 only when they match and build/site is there, which is how
+``make site-test`` after ``make site`` goes straight to the browser. The stamp is removed when
+a build starts and written only when a whole build (mkdocs and notebooks included) succeeds.
+
     .venv/bin/python site/build_book.py              # what `make site` runs
     .venv/bin/python site/build_book.py --no-mkdocs  # only write build/docs/
+    .venv/bin/python site/build_book.py --fresh      # exit 0 if build/site is current
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import re
@@ -32,7 +41,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import nbformat
@@ -43,6 +52,10 @@ SITE = ROOT / "site"
 BUILD = ROOT / "build"
 DOCS = BUILD / "docs"
 PACKAGE = ROOT / "nanoserve"
+STAMP = BUILD / "site.stamp"
+# what runs the book besides its own files; a new version of any of them is a new build
+TOOLS = ("torch", "mkdocs", "mkdocs-material", "mkdocstrings", "mkdocstrings-python",
+         "nbformat", "nbconvert", "nbclient", "ipykernel", "jupytext", "matplotlib")
 
 # (first day, last day, phase): a chapter belongs to the phase whose range holds its day.
 PHASES = [
@@ -243,11 +256,84 @@ def write_home(chapters: list[Chapter]) -> None:
     (DOCS / "index.md").write_text(home)
 
 
+def input_files() -> list[str]:
+    """Every file the book may be built from: what git tracks or would track (so build/,
+    .venv/ and anything else ignored are out), relative to the root. Without git, the tree
+    less those folders."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                              "--exclude-standard"], cwd=ROOT, capture_output=True,
+                             check=True).stdout.decode()
+        return sorted({f for f in out.split("\0") if f})
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+        for folder, dirs, names in os.walk(ROOT):
+            dirs[:] = [d for d in dirs if d not in {".git", "build", ".venv", "__pycache__"}]
+            files += [str((Path(folder) / n).relative_to(ROOT)) for n in names]
+        return sorted(files)
+
+
+def inputs_state() -> dict:
+    """The inputs as they stand: one hash over every input file's name and content (a file
+    edited, added or removed changes it; a file merely touched does not), and the versions of
+    Python and of the tools that run the book."""
+    digest = hashlib.sha256()
+    files = input_files()
+    for name in files:
+        path = ROOT / name
+        digest.update(name.encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest() if path.is_file()
+                      else b"(absent)")
+    tools = {}
+    for name in TOOLS:
+        try:
+            tools[name] = version(name)
+        except PackageNotFoundError:
+            tools[name] = None
+    return {"files": len(files), "sha256": digest.hexdigest(),
+            "python": sys.version.split()[0], "tools": tools}
+
+
+def freshness() -> tuple[bool, str]:
+    """(is build/site current?, why): current when the stamp's inputs are today's inputs."""
+    stamp = STAMP
+    if not stamp.is_file():
+        return False, f"no {stamp.relative_to(ROOT)}: the book has not been built here"
+    missing = [p for p in (BUILD / "site" / "index.html", BUILD / "book.json") if not p.is_file()]
+    if missing:
+        return False, f"{missing[0].relative_to(ROOT)} is missing"
+    try:
+        recorded = json.loads(stamp.read_text())
+    except json.JSONDecodeError:
+        return False, f"{stamp.relative_to(ROOT)} is not JSON"
+    now, then = inputs_state(), recorded.get("inputs", {})
+    if now == then:
+        return True, (f"build/site is fresh: built {recorded.get('built', '?')} from these "
+                      f"{now['files']} files (sha256 {now['sha256'][:12]})")
+    changed = [k for k in ("sha256", "python", "tools") if now.get(k) != then.get(k)]
+    what = {"sha256": "the files", "python": "Python", "tools": "the tools' versions"}
+    return False, (f"{', '.join(what[k] for k in changed) or 'the stamp'} changed since "
+                   f"build/site was built")
+
+
+def write_stamp(state: dict, seconds: float) -> None:
+    STAMP.write_text(json.dumps({"inputs": state, "built": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                 "seconds": round(seconds)}, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-mkdocs", action="store_true", help="only write build/docs/")
     ap.add_argument("--no-notebooks", action="store_true", help="skip executing notebooks")
+    ap.add_argument("--fresh", action="store_true",
+                    help="build nothing: exit 0 if build/site.stamp matches the inputs")
     args = ap.parse_args(argv)
+    if args.fresh:
+        fresh, why = freshness()
+        print(f"site: {why}" + ("" if fresh else "; it needs a build"))
+        return 0 if fresh else 1
+    state = inputs_state()  # as the build starts: a file edited meanwhile makes it stale
+    STAMP.unlink(missing_ok=True)
     sys.path.insert(0, str(ROOT))  # for chapters.runner and each chapter's claims
     start = time.perf_counter()
     shutil.rmtree(DOCS, ignore_errors=True)
@@ -282,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in failed:
             print(f"  {line}", file=sys.stderr)
         return 1
+    if not (args.no_mkdocs or args.no_notebooks):  # only a whole book counts as built
+        write_stamp(state, time.perf_counter() - start)
+        print(f"wrote {STAMP.relative_to(ROOT)}")
     return 0
 
 

@@ -40,6 +40,38 @@ def embedding_share(config: dict) -> float:
     return model.embed_tokens.weight.numel() / model.num_parameters()
 
 
+def rope_pairs(config: dict) -> str:
+    """The snapshot's ``rope_inv_freq`` with and without the config's llama3 scaling, pair by
+    pair: kept (unchanged), slowed (divided by exactly ``factor``), or blended (anything else)."""
+    import dataclasses
+
+    from .snapshot.config import ModelConfig
+    from .snapshot.model import rope_inv_freq
+
+    cfg = ModelConfig.from_dict(config)
+    plain = rope_inv_freq(dataclasses.replace(cfg, rope_scaling=None))
+    scaled = rope_inv_freq(cfg)
+    ratio = plain / scaled
+    kept = int(torch.isclose(ratio, torch.tensor(1.0)).sum())
+    slowed = int(torch.isclose(ratio, torch.tensor(cfg.rope_scaling["factor"])).sum())
+    return (f"{kept} kept, {slowed} slowed, {len(ratio) - kept - slowed} blended, "
+            f"of {len(ratio)}")
+
+
+def test_checkpoint_config(name: str) -> dict:
+    """The config.json transformers wrote for that reference checkpoint."""
+    import json
+
+    return json.loads((hf_checkpoint(name) / "config.json").read_text())
+
+
+def untied_head() -> str:
+    """Parameters the LM head would add if it were not tied: the untied model's count minus
+    the tied one's, both counted on the model."""
+    extra = parameters({**LLAMA_3_2_1B, "tie_word_embeddings": False}) - parameters(LLAMA_3_2_1B)
+    return f"{extra / 1e6:.1f} million"
+
+
 def shipped_config() -> dict:
     import json
 
@@ -58,4 +90,9 @@ CLAIMS = [
           lambda: weight_bytes(LLAMA_3_2_1B, torch.bfloat16) / 1e9, fmt="{:.2f} GB".format),
     exact("share of Llama-3.2-1B parameters in the embedding (ratio)",
           lambda: embedding_share(LLAMA_3_2_1B), fmt="{:.1%}".format),
+    exact("Llama-3.2-1B parameters an untied LM head would add", untied_head),
+    exact("llama3 RoPE frequency pairs at Llama-3.2-1B's settings",
+          lambda: rope_pairs(LLAMA_3_2_1B)),
+    exact("the same, the `llama3_rope` test checkpoint",
+          lambda: rope_pairs(test_checkpoint_config("llama3_rope"))),
 ]

@@ -57,6 +57,32 @@ def final_training_loss() -> float:
     return json.loads((SHIPPED / "train_log.json").read_text())["final_train_loss"]
 
 
+def train_log() -> dict:
+    """What `make train-tiny` recorded about the run that made the shipped weights."""
+    return json.loads((SHIPPED / "train_log.json").read_text())
+
+
+def early_losses() -> str:
+    """Training loss at step 1 and at step 50, as the training run logged them."""
+    first, fiftieth = train_log()["loss_every_50"][:2]
+    return f"{first:.2f}, {fiftieth:.2f}"
+
+
+def training_run() -> str:
+    """Tokens the run trained and validated on, and its wall time, from train_log.json."""
+    log = train_log()
+    return (f"{log['train_tokens']:,} / {log['val_tokens']:,} tokens; "
+            f"{log['seconds'] / 60:.0f} minutes")
+
+
+def memorisation() -> str:
+    """Parameters per training token, and passes over the training text, from the same log."""
+    log = train_log()
+    seen = log["steps"] * log["batch"] * log["seq_len"]
+    return (f"{log['parameters'] / log['train_tokens']:.1f} parameters per token; "
+            f"{seen / log['train_tokens']:.1f} passes")
+
+
 def greedy_sample(words: int = 8) -> str:
     tok = _tokenizer()
     ids = tok.encode(SAMPLE_PROMPT).ids
@@ -80,5 +106,9 @@ CLAIMS = [
     exact("nanoserve-tiny final training loss", final_training_loss, fmt="{:.2f}".format),
     exact("nanoserve-tiny validation loss", validation_loss, fmt="{:.2f}".format),
     exact(f"greedy continuation of `{SAMPLE_PROMPT}`, first 8 words", greedy_sample),
+    exact("nanoserve-tiny training loss at steps 1 and 50 (train_log.json)", early_losses),
+    exact("the training run: training / validation tokens; wall time (train_log.json)",
+          training_run),
+    exact("parameters per training token; passes over the training text", memorisation),
     timed("`make demo` as a fresh process on a CPU", demo_seconds),
 ]

@@ -6,7 +6,7 @@ import torch
 
 from chapters.runner import bound, exact
 
-from .snapshot.sampling import SamplingParams, sample, top_p_mask
+from .snapshot.sampling import SamplingParams, sample, top_k_mask, top_p_mask
 
 DRAWS = 20_000
 
@@ -66,6 +66,61 @@ def seeded_runs_agree() -> str:
     return "identical" if runs[0] == runs[1] else "different"
 
 
+def pipeline() -> dict:
+    """The claims' row through the sampler's own pieces, one filter at a time (T=0.7, top_k=8,
+    top_p=0.9): what each step leaves, as the text walks through it."""
+    x = _logits()
+    p1 = x.softmax(-1)
+    t = x / 0.7
+    pt = t.softmax(-1)
+    k = top_k_mask(t, torch.tensor([8]))
+    pk = t.masked_fill(~k, float("-inf")).softmax(-1)
+    sorted_pk = pk.sort(-1, descending=True).values[0]
+    kept = top_p_mask(pk, torch.tensor([0.9]))
+    return {"top": (float(p1.max()), float(pt.max())), "held": float(pt[k].sum()),
+            "top_k": float(pk.max()), "five_six": (float(sorted_pk[:5].sum()),
+                                                    float(sorted_pk[:6].sum())),
+            "nucleus": int(kept.sum())}
+
+
+def wrong_reference() -> torch.Tensor:
+    """The first reference's mistake, kept as a function: top-p measured on the tempered
+    softmax over the whole vocabulary, before top-k renormalises."""
+    p = (_logits()[0] / 0.7).softmax(-1)
+    order = p.argsort(descending=True).tolist()
+    keep, mass = [], 0.0
+    for i in order[:8]:
+        if mass >= 0.9:
+            break
+        keep.append(i)
+        mass += float(p[i])
+    q = torch.zeros_like(p)
+    q[keep] = p[keep]
+    return q / q.sum()
+
+
+def wrong_order() -> str:
+    """What the wrong reference gives ranks 7 and 8, and how far it is from the right one."""
+    right, wrong = _expected(0.7, 8, 0.9), wrong_reference()
+    ranks = wrong.argsort(descending=True)
+    r7, r8 = (float(wrong[ranks[i]]) for i in (6, 7))
+    return (f"ranks 7 and 8 at {r7:.1%} and {r8:.1%}; "
+            f"{0.5 * float((right - wrong).abs().sum()):.4f} from the right distribution")
+
+
+def noise(runs: int = 200) -> str:
+    """Total variation of perfect draws: 20,000 tokens drawn from the exact distribution
+    itself, ``runs`` seeded times; its mean and its largest value set the scale of the bound."""
+    exact_p = _expected(0.7, 8, 0.9)
+    g = torch.Generator().manual_seed(2024)
+    tvs = []
+    for _ in range(runs):
+        counts = torch.bincount(torch.multinomial(exact_p, DRAWS, replacement=True,
+                                                  generator=g), minlength=32).float()
+        tvs.append(0.5 * float((counts / DRAWS - exact_p).abs().sum()))
+    return f"mean {sum(tvs) / runs:.4f}, largest {max(tvs):.4f}"
+
+
 def refused_settings() -> int:
     bad = [{"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.01}, {"top_k": -2},
            {"max_tokens": 0}, {"stop": [""]}]
@@ -87,4 +142,14 @@ CLAIMS = [
     exact("two runs of 50 draws with seed=99", seeded_runs_agree),
     exact("out-of-range settings refused with a ValueError", refused_settings,
           fmt="{} of 6".format),
+    exact("the claims' row: top token's probability at T=1, then at T=0.7",
+          lambda: "{:.3f} -> {:.3f}".format(*pipeline()["top"])),
+    exact("after top_k=8: tempered mass the survivors held; the top token renormalised",
+          lambda: f"{pipeline()['held']:.3f}; {pipeline()['top_k']:.3f}"),
+    exact("top_p=0.9 after top-k: mass of the top five, of the top six; tokens kept",
+          lambda: "{:.3f}, {:.3f}; ".format(*pipeline()["five_six"])
+          + str(pipeline()["nucleus"])),
+    exact("the first, wrong reference (top-p before top-k renormalises)", wrong_order),
+    exact(f"total variation of {DRAWS:,} perfect draws from the exact distribution, 200 "
+          "seeded runs", noise),
 ]

@@ -56,6 +56,37 @@ def worst_tail_waste() -> int:
     return max(unused_positions())
 
 
+def worst_tail_sequence() -> str:
+    """The sequence that leaves the largest tail: its tokens, its blocks, their positions."""
+    blocks = paged_blocks()
+    i = max(range(len(LENGTHS)), key=lambda j: unused_positions()[j])
+    n = len(blocks[i])
+    return f"{LENGTHS[i]} tokens in {n} blocks, {n * BLOCK_SIZE} positions"
+
+
+def sizing() -> str:
+    """``blocks_for_length`` at block_size 16 for 37, 64 and 65 tokens, and each last block's
+    unused tail."""
+    pool = BlockAllocator(num_blocks=1, block_size=BLOCK_SIZE)
+    need = [pool.blocks_for_length(n) for n in (37, 64, 65)]
+    tails = [b * BLOCK_SIZE - n for b, n in zip(need, (37, 64, 65), strict=True)]
+    return f"{', '.join(map(str, need))} blocks; tails {', '.join(map(str, tails))}"
+
+
+def figure_history() -> str:
+    """The figure's history on a 12-block pool: A takes 3, B 4, C 2; B finishes; D takes 5;
+    A grows by 1. What D and A's growth are handed."""
+    pool = BlockAllocator(num_blocks=12, block_size=BLOCK_SIZE)
+    pool.allocate(3)
+    b = pool.allocate(4)
+    pool.allocate(2)
+    pool.free(b)
+    d = pool.allocate(5)
+    a = pool.allocate(1)
+    pool.check_invariants()
+    return f"D gets {', '.join(map(str, d))}; A grows into {', '.join(map(str, a))}"
+
+
 def fragmentation_bound() -> str:
     """Over 20,000 random lengths and block sizes 1..64, the unused tail of the last block is
     never more than block_size - 1, and reaches it."""
@@ -104,6 +135,10 @@ CLAIMS = [
     exact("Llama-3.2-1B KV (bf16): paged (slots held x KV bytes per slot)",
           lambda: paged_slots() * kv_bytes_per_token() / 2**20, fmt="{:.1f} MiB".format),
     exact("largest unused tail in this batch (tokens)", worst_tail_waste),
+    exact("the sequence that leaves it", worst_tail_sequence),
+    exact("block_size 16: blocks for 37, 64 and 65 tokens; the tails they leave", sizing),
+    exact("the figure's 12-block pool: A takes 3, B 4, C 2; B frees; D takes 5; A grows by 1",
+          figure_history),
     exact("fragmentation per sequence, any length, block sizes 1-64", fragmentation_bound),
     exact("invariant violations over 5,000 random allocate/free operations",
           random_ops_violations),

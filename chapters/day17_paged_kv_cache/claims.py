@@ -51,6 +51,28 @@ def cell_of_token_37() -> int:
     return t.cells(37, 38)[0]
 
 
+def cells_around_the_boundary() -> str:
+    """The same table: tokens 30 and 31 end block 2, token 32 opens block 9."""
+    t = BlockTable(block_size=16, capacity=8)
+    t.extend([7, 2, 9])
+    return ", ".join(map(str, t.cells(30, 33)))
+
+
+def figure_tables() -> str:
+    """The figure's case on an 8-block pool of 4-token blocks: an earlier request holds three
+    blocks, A takes two and B one, the earlier request finishes, then A and B grow by one block
+    each. Their tables, and the cell A's token 9 is written to."""
+    pool = BlockAllocator(8, 4)
+    earlier = pool.allocate(3)
+    a, b = BlockTable(4, 8), BlockTable(4, 8)
+    a.extend(pool.allocate(2))
+    b.extend(pool.allocate(1))
+    pool.free(earlier)
+    a.extend(pool.allocate(1))
+    b.extend(pool.allocate(1))
+    return f"{a.blocks}, {b.blocks}; cell {a.cells(9, 10)[0]}"
+
+
 def slot_bytes_per_token() -> int:
     return SlotTable(rows=1, max_model_len=1).cells.element_size()
 
@@ -67,6 +89,9 @@ CLAIMS = [
     bound("paged vs contiguous cache, max relative logit difference (fp32)",
           paged_vs_contiguous, fmt="{:.2e}".format),
     exact("pool cell of token 37 in blocks [7, 2, 9], block_size 16", cell_of_token_37),
+    exact("the same table: cells of tokens 30, 31 and 32", cells_around_the_boundary),
+    exact("the figure's 8-block pool, block_size 4: A's table, B's table; A's token 9",
+          figure_tables),
     exact("slot-table bytes per token (one int64 cell)", slot_bytes_per_token,
           fmt="{} bytes".format),
     exact("KV bytes per token it addresses (Llama-3.2-1B shape, bf16)", kv_bytes_per_token,

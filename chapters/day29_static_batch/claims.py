@@ -48,6 +48,35 @@ def latency_inflation() -> float:
     return ratios[len(ratios) // 2]
 
 
+def held_row_steps() -> int:
+    """Row-steps issued for rows whose request had already finished: issued minus handed back,
+    both counted on the run."""
+    return row_steps() - sum(len(r.token_ids) for r in counted()[0].replies)
+
+
+def three_counts() -> str:
+    """The same run under three conventions, each from the forwards the hook counted: ours (the
+    prefill yields every row's first token); one pass more per row (a prefill that yields
+    nothing); decode steps only (the prefill left out of both sides)."""
+    fwd, rows = counted()[1].calls, len(DAY29_PROMPTS)
+    useful = sum(len(r.token_ids) for r in counted()[0].replies)
+    held = held_row_steps()
+    ours, extra, decode = row_steps(), (fwd + 1) * rows, (fwd - 1) * rows
+    return (f"{ours} issued ({1 - useful / ours:.1%}), {extra} issued "
+            f"({1 - useful / extra:.1%}), {decode} decode-only ({held / decode:.1%})")
+
+
+def grants() -> str:
+    """Blocks each request is granted up front (its prompt plus max_tokens), by the allocator's
+    own sizing: the seven short requests together, then the long one."""
+    from chapters.day14_block_allocator.snapshot.block_allocator import BlockAllocator
+
+    pool = BlockAllocator(SHAPE["num_blocks"], SHAPE["block_size"])
+    each = [pool.blocks_for_length(len(p) + m)
+            for p, m in zip(DAY29_PROMPTS, DAY29_MAX_TOKENS, strict=True)]
+    return f"{sum(each[:7])} + {each[7]}"
+
+
 CLAIMS = [
     exact("forward passes (prefill + decode steps)", lambda: counted()[1].calls),
     exact("row-steps issued", row_steps),
@@ -62,6 +91,10 @@ CLAIMS = [
           lambda: counted()[0].replies[0].returned_iteration),
     exact("blocks reserved to run all eight at once (worst case each)",
           lambda: counted()[0].blocks_reserved),
+    exact("row-steps issued for rows that had already finished", held_row_steps),
+    exact("the same run counted three ways: issued row-steps (share on finished rows)",
+          three_counts),
+    exact("blocks granted: the seven short requests together + the long one", grants),
     timed("head-of-line latency inflation of a short request on this CPU (nanoserve-tiny)",
           latency_inflation, fmt="{:.1f}x".format),
 ]

@@ -14,7 +14,7 @@ from chapters.runner import exact
 
 from .snapshot.harness import run_scheduled, run_static
 from .snapshot.request import Request
-from .snapshot.scheduler import Scheduler
+from .snapshot.scheduler import Scheduler, SchedulerOutput
 
 GEN = [4, 4, 4, 4, 4, 4, 4, 32]  # the Day-29 shape: seven rows of 4 tokens, one of 32
 
@@ -28,6 +28,38 @@ def scheduled(requests: int) -> dict:
 @functools.cache
 def static(requests: int) -> dict:
     return run_static(slots=8, prompt_len=5, gen_lens=GEN, requests=requests)
+
+
+class AdmitThenRelease(Scheduler):
+    """The bug the order guards against: admit what fits, then release the finished, so a slot
+    freed in iteration N is refilled only by the call after."""
+
+    def schedule(self) -> SchedulerOutput:
+        self.schedule_calls += 1
+        admitted = self._admit()
+        out = SchedulerOutput(finished=self._release_finished())
+        out.decode = [r for r in self.running if r not in admitted]
+        out.admitted = admitted
+        return out
+
+
+def forward_passes_with(cls: type[Scheduler], requests: int = 24) -> int:
+    """The harness's loop over ``cls``: 8 slots, block_size 4, a 1,024-token pool, the Day-29
+    shape repeated; returns the forward passes (calls that scheduled anything)."""
+    s = cls(BlockAllocator(256, 4), 8)
+    reqs = [Request(i, [1] * 5, max_tokens=GEN[i % len(GEN)]) for i in range(requests)]
+    for r in reqs:
+        s.add(r)
+    passes = 0
+    while s.has_unfinished():
+        out = s.schedule()
+        rows = out.admitted + out.decode
+        passes += bool(rows)
+        for r in rows:
+            r.append_token(1)
+    if not all(len(r.output_token_ids) == r.max_tokens for r in reqs):
+        raise AssertionError("a request lost tokens")
+    return passes
 
 
 def reservation() -> tuple[int, int, float]:
@@ -82,4 +114,6 @@ CLAIMS = [
     exact("`reservation_waste()` in that state", lambda: reservation()[2],
           fmt="{:.2f}".format),
     exact("a request that stops at its first token: blocks held for nothing", first_token_stop),
+    exact("24 requests through 8 slots: forward passes, release-then-admit vs the order swapped",
+          lambda: f"{forward_passes_with(Scheduler)} vs {forward_passes_with(AdmitThenRelease)}"),
 ]

@@ -40,6 +40,7 @@ def counted() -> tuple[dict, dict, dict]:
 
     cramped, roomy, prompts, gens = _engines()
     bench_c, bench_r = run(cramped, prompts, gens), run(roomy, prompts, gens)
+    bench_c["iterations"], bench_r["iterations"] = cramped.stats.iterations, roomy.stats.iterations
     return _report(bench_c), bench_c, bench_r
 
 
@@ -55,6 +56,31 @@ def runs() -> tuple[dict, dict, dict]:
     best = best_of(3, {"cramped": lambda: run(cramped, prompts, gens),
                        "roomy": lambda: run(roomy, prompts, gens)}, lambda r: r["wall_s"])
     return _report(best["cramped"]), best["cramped"], best["roomy"]
+
+
+def positions() -> str:
+    """Token positions the model computed in each run, and the cramped run's re-prefills."""
+    c, r = counted()[1], counted()[2]
+    extra = c["tokens_computed"] - r["tokens_computed"]
+    return (f"cramped {c['tokens_computed']}, of them {c['recomputed_tokens']} recomputed; "
+            f"roomy {r['tokens_computed']}; {extra} more ({extra / r['tokens_computed']:.0%})")
+
+
+def swap_or_recompute(tokens: int = 1000) -> str:
+    """A victim of ``tokens`` in the Llama-3.2-1B shape, bf16: the K/V bytes a swap moves each
+    way (Day 7's contiguous cache for one position, on the meta device, times the tokens) and
+    the FLOPs a recompute spends (two per parameter per token, parameters counted on the
+    model)."""
+    import torch
+
+    from chapters.common import LLAMA_3_2_1B, meta_model
+    from chapters.day07_kv_cache.snapshot.kv_cache import KVCache
+
+    model = meta_model(LLAMA_3_2_1B, torch.bfloat16)
+    each_way = KVCache.for_model(model, 1, 1).nbytes() * tokens / 2**20
+    flops = 2 * model.num_parameters() * tokens
+    return (f"{each_way:.2f} MiB each way, {2 * each_way:.1f} MiB out and back; "
+            f"{flops / 1e12:.1f} TFLOP")
 
 
 def same_tokens() -> int:
@@ -76,4 +102,11 @@ CLAIMS = [
     timed("wall clock, cramped / roomy, same workload (this CPU)",
           lambda: runs()[1]["wall_s"] / runs()[2]["wall_s"], fmt="{:.2f}x".format),
     exact("preemptions in the roomy run", lambda: counted()[2]["preemptions"]),
+    exact("token positions computed, cramped and roomy", positions),
+    exact("iterations: cramped, roomy",
+          lambda: f"{counted()[1]['iterations']}, {counted()[2]['iterations']}"),
+    exact("preemptions of r0 to r11, cramped",
+          lambda: ", ".join(map(str, counted()[1]["preemptions_per_request"]))),
+    exact("a 1,000-token victim, Llama-3.2-1B shape, bf16: K/V a swap moves; FLOPs a "
+          "recompute spends", swap_or_recompute),
 ]

@@ -7,12 +7,10 @@ seed 7, prompts of 2-20 tokens, 1-40 tokens each, block_size 4, 8 slots, a 16-bl
 chance per iteration of aborting a random live request), replayed host-only: the live scheduler
 over integer tokens, with the stress test's abort rule and random stream, and no model. With EOS
 ignored the schedule depends only on lengths, so the replay reproduces the run's counts exactly
-(the assertion below checks the ones the chapter states). Nothing is timed.
+(a claim of the chapter checks it against the run). Nothing is timed.
 """
 
-import json
 import pathlib
-import random
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
@@ -20,53 +18,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from chapters.common import SHIPPED  # noqa: E402
+from chapters.day35_stress.claims import BLOCKS, REQUESTS, SLOTS, replay  # noqa: E402
 from diagrams import COLORS, figure, save  # noqa: E402
-from nanoserve.bench.batchbench import workload  # noqa: E402
-from nanoserve.block_allocator import BlockAllocator  # noqa: E402
-from nanoserve.request import Request, RequestState  # noqa: E402
-from nanoserve.scheduler import Scheduler  # noqa: E402
-
-REQUESTS, SEED, BLOCKS, BS, SLOTS, ABORT = 40, 7, 16, 4, 8, 0.05
-
-
-def replay() -> dict:
-    """run_stress's cramped half, host-only: same workload, same abort stream, same loop."""
-    vocab = json.loads((SHIPPED / "config.json").read_text())["vocab_size"]
-    prompts, gens = workload(REQUESTS, SEED, (2, 20), (1, 40), vocab)
-    sched = Scheduler(BlockAllocator(BLOCKS, BS), SLOTS, allocation="incremental")
-    reqs = [Request(i, p, max_tokens=g) for i, (p, g) in enumerate(zip(prompts, gens,
-                                                                       strict=True))]
-    for r in reqs:
-        sched.add(r)
-    rng = random.Random(SEED + 1)
-    lanes = [[] for _ in reqs]  # (iteration, "prefill" | "decode")
-    preempted, aborted, rows, held = [], [], [], []
-    it = checks = 0
-    while True:
-        sched.check_invariants()
-        checks += 1
-        live = [r for r in reqs if r.state is not RequestState.FINISHED]
-        if live and rng.random() < ABORT:
-            victim = rng.choice(live)
-            sched.abort(victim)
-            aborted.append((it + 1, victim.request_id))
-        out = sched.schedule()
-        if out.num_scheduled == 0:
-            break
-        it += 1
-        preempted += [(it, r.request_id) for r in out.preempted]
-        for r in out.admitted:
-            lanes[r.request_id].append((it, "prefill"))
-        for r in out.decode:
-            lanes[r.request_id].append((it, "decode"))
-        rows.append(out.num_scheduled)
-        held.append(sched.allocator.num_held)
-        for r in out.admitted + out.decode:
-            r.append_token(1)
-    assert (len(preempted), sched.recomputed_tokens, len(aborted), checks) == (32, 646, 13, 351)
-    return {"lanes": lanes, "preempted": preempted, "aborted": aborted, "rows": rows,
-            "held": held, "iterations": it}
 
 
 def main() -> None:
@@ -79,7 +32,7 @@ def main() -> None:
         prefill = [(it - 1, 1) for it, kind in lane if kind == "prefill"]
         top.broken_barh(decode, (y + 0.15, 0.7), facecolors=COLORS["compute"])
         top.broken_barh(prefill, (y + 0.15, 0.7), facecolors=COLORS["highlight"])
-    for it, i in t["preempted"]:
+    for it, i, _ in t["preempted"]:
         top.plot(it - 1, REQUESTS - 1 - i + 0.5, marker="X", color=COLORS["waste"],
                  markersize=7, markeredgecolor=COLORS["paper"], markeredgewidth=0.6)
     for it, i in t["aborted"]:

@@ -172,8 +172,8 @@ def stream_mismatches() -> str:
 
 
 def finished_per_stream() -> str:
-    counts = {j["finished"] for j in life()["streams"].values()}
-    return f"{counts.pop()} for every stream" if len(counts) == 1 else f"varies: {counts}"
+    counts = [j["finished"] for j in life()["streams"].values()]
+    return f"{sum(c == 1 for c in counts)} of {len(counts)}"
 
 
 # ---------------------------------------------------------------- a thread that dies
@@ -266,13 +266,13 @@ def loop_stall_ratio() -> float:
 CLAIMS = [
     exact("concurrent streams whose tokens or text differ from LLM.generate's",
           stream_mismatches),
-    exact("finished deltas per stream", finished_per_stream),
+    exact("streams that ended with exactly one finished delta", finished_per_stream),
     exact("cancelled consumers whose request's blocks were all back when its abort landed",
           lambda: f"{life()['cancel_clean']} of {len(life()['cancel_lag'])}"),
     bound("engine iterations from an abort being posted to its blocks back, worst of 4",
           lambda: max(life()["cancel_lag"])),
-    exact("engine iterations, and calls to core.has_unfinished(), while idle for 0.3 s",
-          lambda: "{}, and {}".format(*life()["idle"])),
+    exact("while idle for 0.3 s: engine iterations, calls to core.has_unfinished()",
+          lambda: "{} iterations, {} calls".format(*life()["idle"])),
     exact("requests refused with Overloaded in a burst of 10 (4 slots busy, max_waiting 4)",
           lambda: life()["burst"][0]),
     exact("finish reasons of the burst's accepted requests",

@@ -97,6 +97,42 @@ def frozen_arrivals() -> str:
     return f"{same} of 12"
 
 
+def record(path: str = "chapters/day40_serving_bench/results/example-run.json") -> dict:
+    """Write one run of the three benchmarks as the results file the README's example table
+    quotes: the machine, the date, the command and every metric of each run."""
+    import datetime
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from chapters.common import hardware
+
+    names = ["rate 4", "rate inf", "rate inf, max_concurrency 2"]
+    data = {
+        "machine": hardware(),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "command": "python -c 'from chapters.day40_serving_bench.claims import record; "
+                   "record()'",
+        "workload": WORKLOAD | {"runs": names, "server": "nanoserve-tiny, float32, one torch "
+                                "thread, 4 slots, 256 blocks of 4"},
+        "values": {n: {k: v for k, v in m.items() if isinstance(v, int | float)}
+                   for n, (m, _) in zip(names, bench(), strict=True)},
+    }
+    Path(path).parent.mkdir(exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def last_send() -> str:
+    """When the seeded rate-4 schedule sends its last request: the length of that run, whatever
+    the machine."""
+    from nanoserve.bench.workload import arrival_times as live_arrivals
+
+    return f"{live_arrivals(12, 4.0, 1.0, seed=0)[-1]:.2f} s"
+
+
 def ratio(key: str, a: int, b: int) -> float:
     return bench()[a][0][key] / bench()[b][0][key]
 
@@ -117,6 +153,7 @@ CLAIMS = [
     exact("10,000 seeded intervals at rate 4: burstiness 1, then 0.25", intervals),
     exact("arrival times, frozen running sum vs the package, 12 requests at rate 4",
           frozen_arrivals),
+    exact("the seeded schedule's last send time, 12 requests at rate 4", last_send),
     timed("output throughput, rate inf / rate 4, same run",
           lambda: ratio("output_throughput", 1, 0), fmt="{:.1f}x".format),
     timed("median TTFT, rate inf / rate 4, same run",

@@ -135,6 +135,17 @@ def steps() -> dict[str, list[int]]:
             for arm in ARMS}
 
 
+def chunk_runs(chunks: list[int]) -> str:
+    """[249, 249, 249, 21] -> '249 x 3 + 21': the chunks of one prefill, runs collapsed."""
+    runs: list[list[int]] = []
+    for c in chunks:
+        if runs and runs[-1][0] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    return " + ".join(f"{c} x {k}" if k > 1 else str(c) for c, k in runs)
+
+
 def _engine_steps(llm, r: int) -> dict:
     """On an in-process engine: seven short requests decoding, then the long prompt. Times each
     decode-only step before it arrives, then each step until its first token."""
@@ -230,6 +241,8 @@ CLAIMS = [
           lambda: ", ".join(str(len(steps()[a])) for a in ARMS)),
     exact("largest prompt chunk in one step: off, 512, 256, 128, 64",
           lambda: ", ".join(str(max(steps()[a])) for a in ARMS)),
+    exact("the long prompt's chunks, step by step: off; 512; 256; 128; 64",
+          lambda: "; ".join(chunk_runs(steps()[a]) for a in ARMS)),
     exact("default budget, chunked prefill on: nanoserve serve, LLM", defaults),
     exact("requests completed over HTTP: off, 512, 256, 128, 64", lambda: per_arm("completed")),
     exact("requests failed, same five arms", lambda: per_arm("failed")),

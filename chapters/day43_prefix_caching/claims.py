@@ -330,8 +330,8 @@ def other_processes() -> str:
         hexes, salted = out.rsplit(" ", 1)
         runs.append((eval(hexes), salted))  # noqa: S307 - our own child's list of hex strings
     equal = sum(here[i] == runs[0][0][i] == runs[1][0][i] for i in range(len(here)))
-    salted = "differs" if runs[0][1] != runs[1][1] else "the same"
-    return f"{equal} of {len(here)} equal; Python's hash() of its text: {salted}"
+    salted = "differs" if runs[0][1] != runs[1][1] else "does not"
+    return f"{equal} of {len(here)} equal, while Python's hash() of its text {salted}"
 
 
 # ---------------------------------------------------------------- package against snapshot

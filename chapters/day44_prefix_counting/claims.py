@@ -250,6 +250,20 @@ def per_request_row() -> str:
     return f"{rows[0][0]}, then {same} for each of the other {len(rows) - 1}"
 
 
+def blocks_per_later_request() -> str:
+    """Per case, the whole blocks each request after the first found cached: its own hits in
+    llm.stats over the block size. Every later request must hit the same number."""
+    cells = []
+    for name, (_, _, _, bs) in CASES.items():
+        later = {h for h, _ in in_process()["per_request"][name][1:]}
+        if len(later) != 1:
+            cells.append(f"varies: {sorted(later)}")
+            continue
+        hits = later.pop()
+        cells.append(str(hits // bs) if hits % bs == 0 else f"{hits} tokens, not whole blocks")
+    return ", ".join(cells)
+
+
 CLAIMS = [
     exact("predicted before measuring, cases A-E: hits of queries", predicted_row),
     exact("the formula's hits, computed by snapshot/counting.py, cases A-E", formula_row),
@@ -257,6 +271,8 @@ CLAIMS = [
     exact("/metrics of `nanoserve serve --enable-prefix-caching`, one request after another "
           "over HTTP: increase of hits of queries, cases A-E", http_row),
     exact("case A, hits request by request (llm.stats)", per_request_row),
+    exact("blocks hit by each later request, its hits / B (llm.stats), cases A-E",
+          blocks_per_later_request),
     exact("case A again on new prompts, all 8 sent at once over HTTP: hits of queries",
           lambda: hits_of([over_http()["burst"]])),
     exact("hit rate (hits / queries), cases A and C",

@@ -51,11 +51,45 @@ def workspace_agrees() -> str:
     return f"{agree} of {len(pairs)} agree"
 
 
-def cells_read() -> str:
-    lens, C = BATCHES["ragged"], 32
-    rect = len(lens) * max(lens)
-    chunks = sum(-(-n // C) for n in lens) * C
-    return f"{rect:,}; {chunks:,}; {sum(lens):,}"
+class CountingPool(torch.Tensor):
+    """A key pool that records every cell a read gathers from it: the index tensor of each
+    ``pool[index]`` or ``pool.index_select(0, index)`` call. The counts below are read from
+    those calls, made by the frozen reads themselves, not from the context lengths."""
+
+    calls: list[torch.Tensor] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.__getitem__ and isinstance(args[1], torch.Tensor):
+            cls.calls.append(args[1])
+        elif func in (torch.Tensor.index_select, torch.index_select) and args[1] == 0:
+            cls.calls.append(args[2])
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+@torch.inference_mode()
+def counted_cells(lens: list[int], C: int = 32) -> tuple[int, int, int]:
+    """Cells each read gathers from the key pool, counted on the pool: the rectangle (Day 17's
+    reference read), the chunks (the frozen gathered read), and of the chunks' cells those that
+    hold a context position (the rest are padding the read masks)."""
+    q, kp, vp, rect, cells, chunk_b = ragged_read(lens, C)
+    ctx = torch.tensor(lens)
+    pool = kp.as_subclass(CountingPool)
+    CountingPool.calls = []
+    paged_attention_batched_reference(q[:, :, None], pool, vp, rect, (ctx - 1)[:, None], ctx)
+    rectangle = sum(i.numel() for i in CountingPool.calls)
+    CountingPool.calls = []
+    snap.paged_attention_gathered(q, pool, vp, cells, chunk_b)
+    (flat,) = CountingPool.calls
+    real = int((cells.view(-1) >= 0).sum())  # the chunk cells the read does not mask
+    return rectangle, flat.numel(), real
+
+
+def cells_read(lens: list[int] | None = None) -> str:
+    rect, chunks, real = counted_cells(BATCHES["ragged"] if lens is None else lens)
+    return f"{rect:,}; {chunks:,}; {real:,}"
 
 
 # ---------------------------------------------------------------------------- logits, tokens
@@ -266,6 +300,8 @@ CLAIMS = [
           workspace_agrees),
     exact("context cells one layer's read gathers, one of 2000 + 31 of 50: rectangle, chunks "
           "(C = 32), real", cells_read),
+    exact("the same, the figure's four rows of 3, 70, 12 and 37 tokens",
+          lambda: cells_read(CONTEXTS)),
     bound("max absolute logit difference, gathered vs reference read (snapshot over Day 17's "
           "cache; nanoserve-tiny and the five test checkpoints, float32, 4 ragged rows, "
           "40 decode steps)", logit_difference, fmt="{:.1e}".format),

@@ -6,8 +6,9 @@ writes two files into build/figures/day50_gathered_mapping/:
 
 - gathered-mapping.png: four rows with contexts 3, 70, 12 and 37 tokens. Top: Day 28's (B, S)
   rectangle, every row gathered at the longest row's width. Bottom: the chunk list the frozen
-  ``GatheredIndex`` builds for the same rows (C = 16 here, so the chunks are visible), each
-  chunk owned by one row, padding only at the end of a row's last chunk.
+  ``GatheredIndex`` builds for the same rows at the engine's own chunk size, C = 32 (the
+  numbers the chapter states for this batch), each chunk owned by one row, padding only at the
+  end of a row's last chunk.
 - workspace.png: one layer's read workspace from the frozen ``workspace_bytes`` for three
   batches at SmolLM2-135M's attention shape in bf16, reference against gathered.
 
@@ -26,7 +27,7 @@ from chapters.day50_gathered_mapping.snapshot.attention import PATHS, workspace_
 from chapters.day50_gathered_mapping.snapshot.gathered import GatheredIndex  # noqa: E402
 from diagrams import COLORS, figure, save  # noqa: E402
 
-CONTEXTS, C = [3, 70, 12, 37], 16
+CONTEXTS, C = [3, 70, 12, 37], 32
 ROW_COLORS = ["#2f6db5", "#3a9e6e", "#8e5ba8", "#e8a33d"]
 BATCHES = [("one of 2000\n+ 31 of 50", [2000] + [50] * 31),
            ("32 of\n16..202", list(range(16, 208, 6))), ("32 of 512", [512] * 32)]

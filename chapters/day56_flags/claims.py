@@ -201,5 +201,5 @@ CLAIMS = [
           shares),
     exact("decode compilations per run, gathered read (graphs off: free, persistent; graphs on: "
           "free, persistent)", compiles),
-    exact("`LLM(cuda_graphs=True)` on this CPU raises", on_cpu),
+    exact("`LLM(cuda_graphs=True)` on a CPU raises", on_cpu),
 ]

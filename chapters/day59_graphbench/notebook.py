@@ -7,13 +7,16 @@
 # %% [markdown]
 # # Day 59 notebook: graphbench, rehearsed on a CPU
 #
-# On a lent card, `make gpu-check` runs the gpu tests and then graphbench's three arms over
-# random Llama-3.2-1B-shaped weights. Here, in about twenty seconds and with no card:
+# On a lent card, `make gpu-check` runs the gpu tests, Day 57's capture and Day 62's kernel,
+# then graphbench's three arms over random Llama-3.2-1B-shaped weights. Here, in about half a
+# minute and with no card:
 #
-# 1. the plan gpu-check would run, and what it does without CUDA;
+# 1. the plan gpu-check would run, the files each stage writes, and what it does without CUDA;
 # 2. a reduced run of two of the arms on nanoserve-tiny, one server per arm on 127.0.0.1,
 #    each stopped after its arm;
-# 3. the ITL p50 and p99 recomputed by the frozen split from what the client saw.
+# 3. the ITL p50 and p99 recomputed by the frozen split from what the client saw;
+# 4. the `compact_rows=False` control at one rate of the card's workload, with the engine's
+#    own counters.
 #
 # The windows here replay eagerly, so the times are not a graph measurement.
 
@@ -43,9 +46,7 @@ from nanoserve.bench import graphbench
 # would do and exits 1, so no GPU claim can pass here.
 
 # %%
-for i, (name, what) in enumerate(gpu_check.stages(ROOT / "chapters/day59_graphbench/results"),
-                                 1):
-    print(f"{i}. {name}: {what}")
+print(gpu_check.show_plan(gpu_check.stages()))
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     rc = gpu_check.main([])
@@ -89,3 +90,16 @@ for row, recs in zip(report["rows"], records, strict=True):
     print(f"{row['arm']:10s} frozen p50 {p50:7.3f} ms, p99 {p99:7.3f} ms | benchmark "
           f"{row['itl_p50_ms']:7.3f}, {row['itl_p99_ms']:7.3f} | "
           f"{sum(len(o.itl) for o in recs)} gaps")
+
+# %% [markdown]
+# ## 4. The control: `compact_rows=False`
+#
+# The windows with the persistent batch off, at the card's top rate and request shape. This
+# server runs on a thread of this process, so after the load the scheduler's compactor is read
+# directly: the compactions and row moves columns are the engine's own counts. The replay gate
+# has to fail here; if it passed, it would not be measuring the flag.
+
+# %%
+control = graphbench.run_arms(str(SHIPPED), "cpu", [gpu_check.RATES[-1]], arms=("free-rows",),
+                              dtype="float32", in_process=True, **gpu_check.WORKLOAD)
+print(graphbench.render_arms(control))

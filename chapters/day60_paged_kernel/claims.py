@@ -93,6 +93,38 @@ def adapter_error() -> float:
     return rel(out, reference(q, k, v, cells, ctx))
 
 
+@torch.inference_mode()
+def cells_the_kernel_reads(blocks: list[int], length: int, block_size: int) -> list[int]:
+    """The pool cells the kernel reads for one row, in position order, observed in its output
+    rather than computed from the addressing formula. Every K is zero, so every position the
+    kernel loads gets the same weight, and every cell's V is the one-hot of its own index, so the
+    output is the average of the one-hots of exactly the cells it loaded. Run at contexts 1, 2,
+    ..., ``length``: the cell that appears at context n is the one position n - 1 reads."""
+    cells = (max(blocks) + 1) * block_size
+    width = 1 << (cells - 1).bit_length()  # head_dim: a power of two, one lane per cell
+    k = torch.zeros(cells, 1, width)
+    v = torch.eye(cells, width)[:, None, :]  # (cells, Hkv=1, D): V[c] = one-hot(c)
+    q = torch.zeros(1, 1, 1, width)
+    table = torch.tensor([blocks + [-1]])  # -1 past the row's end, as the engine leaves it
+    order, seen = [], set()
+    for n in range(1, length + 1):
+        out = kernels().paged_attention(q, k, v, table, torch.tensor([n]), block_size,
+                                        splits=1, tile=16)[0, 0, 0]
+        read = {int(c) for c in torch.nonzero(out > 0.5 / n).flatten()}
+        new = read - seen
+        if len(read) != n or len(new) != 1:
+            raise AssertionError(f"context {n}: the kernel read cells {sorted(read)}")
+        order += new
+        seen = read
+    return order
+
+
+@functools.cache
+def row_72() -> list[int]:
+    """The claims' row: blocks [7, 2], context 6, 4-token blocks."""
+    return cells_the_kernel_reads([7, 2], 6, 4)
+
+
 def poisoned() -> str:
     """NaN in every pool cell no row owns: which outputs does each path spoil?"""
     q, k, v, tables, cells, ctx = case([3, 9, 14], 4, KV_HEADS, 2, 32, poison=True)
@@ -211,8 +243,11 @@ CLAIMS = [
           fmt="{:.1e}".format),
     bound("`paged_attention_triton` (the reference's signature) vs the reference",
           adapter_error, fmt="{:.1e}".format),
-    exact("blocks [7, 2], context 6, 4-token blocks: cells read",
-          lambda: ", ".join(map(str, snap.cells_of([7, 2], 6, 4)))),
+    exact("blocks [7, 2], context 6, 4-token blocks: cells the kernel reads, in position order "
+          "(seen in its output)",
+          lambda: ", ".join(map(str, row_72()))),
+    exact("the snapshot's addressing for the same row (`cells_of`), against the kernel's reads",
+          lambda: "identical" if snap.cells_of([7, 2], 6, 4) == row_72() else "differs"),
     exact("NaN in every pool cell no row owns: rows with a non-finite output, kernel / reference",
           poisoned),
     exact("Llama-3.2-1B attention, 64 rows × 1,024 tokens: launch grid (rows × KV heads × "

@@ -158,6 +158,9 @@ CLAIMS = [
       for label, lens in SHAPES.items()),
     exact("programs launched, 8 rows × 1,024: attention + merge",
           lambda: programs(SHAPES["8 rows × 1,024"])),
+    exact("programs launched, 1 row × 4,096; 64 rows × 1,024; 2 rows × 32,768: attention + "
+          "merge", lambda: "; ".join(programs(SHAPES[k]) for k in
+                                      ("1 row × 4,096", "64 rows × 1,024", "2 rows × 32,768"))),
     exact("4 rows in a 256-block table, five different sets of contexts: paths taken",
           same_shape_paths),
     exact("1 row decoding from 1 to 4,096 tokens, eager (table as wide as the row needs): "

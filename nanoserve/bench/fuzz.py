@@ -39,7 +39,7 @@ SAMPLING_OUT_OF_RANGE = {
     "max_tokens": [0, -1], "min_tokens": [-1], "seed": [2**64, -(2**64)],
 }
 UNSUPPORTED = {"tools": [{"type": "function", "function": {"name": "f"}}],
-               "tool_choice": "auto", "response_format": {"type": "json_object"},
+               "tool_choice": "auto", "guided_regex": "a+",
                "functions": [{"name": "f"}], "logit_bias": {"5": 10}, "suffix": "end",
                "echo": True, "best_of": 3, "parallel_tool_calls": True,
                "guided_json": {"type": "object"}, "prediction": {"type": "content"}}

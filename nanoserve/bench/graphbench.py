@@ -26,20 +26,9 @@ it as CSV; a single run prints one JSON object:
     nanoserve bench graph --coverage --csv build/day-58-graphbench.csv
     nanoserve bench graph --slots 8 --requests 16 --gen-lens 4,8,16,32 --mode persistent --json
 
-The arms over sockets (``--weights DIR --device cuda --rates 1,2,4,8``, ``run_arms``) start
-one ``nanoserve serve`` per arm, each built by ``build_engine`` and served by ``build_app``, and
-drive them with the serving benchmark's seeded load, one rate after another:
-
-- ``graphs``: ``--cuda-graphs --compile``; ``eager``: ``--compile``; ``no-compile``: neither.
-  All three keep the persistent batch (``--persistent-batch``), so the gap between the first
-  two has one cause, and the third separates what compile already saved from what graphs add;
-- ITL p50 and p99 are reported apart: a replay shortens the typical gap, while warm-up and
-  stragglers live in the tail;
-- each arm's ``/metrics`` gives its replayed and scattered decode steps, and the graphed arm is
-  held to ``check_arm_replayed_every_step``.
-
-Without CUDA the graphed arm runs the eager-replay windows (same buffers, no capture), and the
-report says so; its times then say nothing about graphs.
+The arms over sockets (``--weights DIR --device cuda --rates 1,2,4,8``) live in ``arms.py``
+(``run_arms``, ``render_arms``, re-exported here): one ``nanoserve serve`` per arm, driven by
+the serving benchmark's seeded load, each arm's replay counters read off ``/metrics``.
 """
 
 from __future__ import annotations
@@ -47,14 +36,20 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import re
-import time
 from pathlib import Path
 
 from ..block_allocator import BlockAllocator
 from ..compact import COMPACTION_MODES, RowCompactor, is_compact
 from ..request import Request
 from ..scheduler import Scheduler
+from .arms import (  # noqa: F401 - the arms' names, where the CLI and callers look for them
+    ARM_COLUMNS,
+    ARMS,
+    DEFAULT_ARMS,
+    render_arms,
+    replay_counters,
+    run_arms,
+)
 from .gates import (
     GateFailed,
     ScheduleRecord,
@@ -171,133 +166,6 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(rows)
-
-
-# arm -> its ``nanoserve serve`` flags; "free-rows" is the control: graphs without compaction
-ARMS = {
-    "graphs": ("--cuda-graphs", "--compile", "--persistent-batch"),
-    "eager": ("--compile", "--persistent-batch"),
-    "no-compile": ("--no-compile", "--persistent-batch"),
-    "graphs-no-compile": ("--cuda-graphs", "--no-compile", "--persistent-batch"),
-    "free-rows": ("--cuda-graphs", "--no-compile", "--no-persistent-batch"),
-}
-DEFAULT_ARMS = ("graphs", "eager", "no-compile")
-ARM_COLUMNS = ("arm", "rate", "itl p50 ms", "itl p99 ms", "ttft p50 ms", "tok/s",
-               "decode steps", "replayed", "scattered", "share")
-
-
-def replay_counters(metrics_text: str) -> dict:
-    """The two Day-57 counters from a ``/metrics`` page (summed over label sets)."""
-    out = {}
-    for key in ("replayed", "scattered"):
-        pat = rf"^nanoserve:decode_steps_{key}_total(?:{{[^}}]*}})? ([0-9.e+]+)$"
-        out[key] = int(sum(float(m) for m in re.findall(pat, metrics_text, re.M)))
-    out["decode_steps"] = out["replayed"] + out["scattered"]
-    return out
-
-
-def run_arms(weights: str, device: str, rates: list[float], arms=DEFAULT_ARMS,
-             requests: int = 64, input_len: int = 64, output_len: int = 64,
-             max_num_seqs: int = 8, max_model_len: int | None = 1024, dtype: str | None = None,
-             seed: int = 0, server_timeout_s: float = 600.0, on_arm=None,
-             serve_flags: tuple[str, ...] = (), deadline: float | None = None) -> dict:
-    """One server per arm on ``weights``, the same seeded load at every rate; returns the
-    report (hardware, model, workload, batch size, one row per arm and rate, the gate).
-
-    ``on_arm(report)``, if given, is called after each arm with the report so far (the
-    gpu-check script writes its results file there, so a later failure keeps the earlier
-    arms). ``serve_flags`` go to every arm's server (``--skip-tokenizer-init`` for weights
-    without a tokenizer). Past ``deadline`` (a ``time.perf_counter()`` reading) no arm is
-    started, each one left out is named in ``report["skipped"]``, and a rate in flight gives up
-    at the deadline (its unfinished requests count as failed)."""
-    import httpx
-
-    from .local_server import local_server
-    from .serve import run_bench
-
-    folder = Path(weights)
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"--weights {weights}: no checkpoint folder (config.json) there")
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown or not arms:
-        raise ValueError(f"arms {list(arms)}: choose from {sorted(ARMS)}")
-    if not rates or any(not r > 0 for r in rates):
-        raise ValueError(f"rates must be positive, got {rates}")
-    import torch
-
-    cuda = device.startswith("cuda")
-    if cuda and not torch.cuda.is_available():
-        raise ValueError(f"--device {device} but CUDA is not available here")
-    from .hardware import describe_hardware, hardware
-
-    hw = hardware(device)
-    report = {
-        "hardware": describe_hardware(hw), "machine": hw, "device": device,
-        "windows": "cuda graphs" if cuda else "eager replay (no CUDA: the graphed arm's "
-                                               "windows run eagerly; its times say nothing "
-                                               "about graphs)",
-        "model": folder.resolve().name, "dtype": dtype or "auto",
-        "workload": {"requests": requests, "input_len": input_len, "output_len": output_len,
-                     "rates": rates, "seed": seed, "arrivals": "poisson"},
-        "batch_size": max_num_seqs, "max_model_len": max_model_len, "rows": [], "gates": {},
-        "skipped": {}}
-    for arm in arms:
-        left = None if deadline is None else deadline - time.perf_counter()
-        if left is not None and left < 30:
-            report["skipped"][arm] = f"not started: {max(left, 0):.0f} s of the budget left"
-            continue
-        flags = ARMS[arm] + (("--max-model-len", str(max_model_len)) if max_model_len else ())
-        flags += tuple(serve_flags)
-        t0 = time.perf_counter()
-        with local_server(folder, dtype=dtype, device=device, max_num_seqs=max_num_seqs,
-                          timeout_s=server_timeout_s, extra_args=flags) as srv:
-            results = run_bench(url=srv.url, rates=rates, requests=requests,
-                                input_len=input_len, output_len=output_len, seed=seed,
-                                model=folder, max_duration_s=min(
-                                    server_timeout_s,
-                                    left if left is not None else server_timeout_s))
-            counts = replay_counters(httpx.get(srv.url + "/metrics", timeout=30,
-                                               trust_env=False).text)
-        for r in results:
-            report["rows"].append({
-                "arm": arm, "flags": " ".join(flags), "rate": r["rate"],
-                "itl_p50_ms": r["median_itl_ms"], "itl_p99_ms": r["p99_itl_ms"],
-                "ttft_p50_ms": r["median_ttft_ms"], "output_throughput": r["output_throughput"],
-                "failed": r["failed"], **counts,
-                "share": counts["replayed"] / counts["decode_steps"] if counts["decode_steps"]
-                else 0.0})
-        if "--cuda-graphs" in flags:
-            try:
-                verdict = "PASS " + check_arm_replayed_every_step(
-                    counts["decode_steps"], counts["replayed"], arm)
-            except GateFailed as e:
-                verdict = f"FAIL {e}"
-            report["gates"][arm] = verdict
-        report.setdefault("arm_seconds", {})[arm] = round(time.perf_counter() - t0, 1)
-        if on_arm is not None:
-            on_arm(report)
-    return report
-
-
-def render_arms(report: dict) -> str:
-    """The arms as a table, with what they ran on, and the gate verdicts under it."""
-    rows = [{"arm": r["arm"], "rate": r["rate"], "itl p50 ms": f"{r['itl_p50_ms']:.2f}",
-             "itl p99 ms": f"{r['itl_p99_ms']:.2f}", "ttft p50 ms": f"{r['ttft_p50_ms']:.1f}",
-             "tok/s": f"{r['output_throughput']:.0f}", "decode steps": r["decode_steps"],
-             "replayed": r["replayed"], "scattered": r["scattered"],
-             "share": f"{r['share']:.0%}"} for r in report["rows"]]
-    w = report["workload"]
-    head = (f"graphbench arms on {report['hardware']}; windows: {report['windows']}\n"
-            f"model {report['model']} ({report['dtype']}), batch size {report['batch_size']}, "
-            f"{w['requests']} requests of {w['input_len']} in/{w['output_len']} out per rate "
-            f"(decode counters are per arm, over all its rates)")
-    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in ARM_COLUMNS]
-    lines = [head, " ".join(c.rjust(wd) for c, wd in zip(ARM_COLUMNS, widths, strict=True))]
-    lines += [" ".join(str(r[c]).rjust(wd) for c, wd in zip(ARM_COLUMNS, widths, strict=True))
-              for r in rows]
-    lines += [v for v in report["gates"].values()]
-    lines += [f"SKIPPED {arm}: {why}" for arm, why in report.get("skipped", {}).items()]
-    return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
