@@ -111,14 +111,17 @@ soak: setup ## the soak: 10,000 requests, 64 clients, 20% hang-ups; writes Day 4
 	$(PY) -m nanoserve.cli bench soak --requests 10000 --concurrency 64 --disconnect-rate 0.2 \
 	  --seed 0 --out chapters/day48_soak/results/soak.json
 
-# make gpu-check: the one prepared script for a lent card (tools/gpu_check.py): the gpu tests,
-# then graphbench's arms on Llama-3.2-1B-shaped random bf16 weights, each stage's results in
-# chapters/*/results/*.json as it ends, whole in under 5 minutes. The card runs its own python3
-# (3.12, its own torch and triton, no network, no fastapi/uvicorn/pydantic), so .venv is not
-# used there and `setup` is not a prerequisite. Without CUDA it prints what it would run and
-# exits 1. The card needs the wheels that `make gpu-check-prepare` puts in build/gpu-wheels
-# (git-ignored, so it does not travel by itself): the lead's device `run` call must pass
-# carry: ["build/gpu-wheels"], with the command `make gpu-check`.
+# make gpu-check: the one prepared script for a lent card (tools/gpu_check.py), whole in under
+# 5 minutes, and every single-card row of the book comes from it. Six stages: wheels, the gpu
+# tests, Day 57's capture, Day 62's kernel, Llama-3.2-1B-shaped random bf16 weights, then
+# graphbench's arms; each writes its results JSON into the results/ of the chapter that reads
+# it as the stage ends, and copies it to $OUT under the same path (so `cp -r <files_at>/chapters
+# .` puts them in place); `python tools/gpu_check.py --plan` lists stages and files. The card
+# runs its own python3 (3.12, its own torch and triton, no network, no fastapi/uvicorn/
+# pydantic), so .venv is not used there and `setup` is not a prerequisite. Without CUDA it
+# prints what it would run and exits 1. The card needs the wheels that `make gpu-check-prepare`
+# puts in build/gpu-wheels (git-ignored, so it does not travel by itself): the lead's device
+# `run` call must pass carry: ["build/gpu-wheels"], with the command `make gpu-check`.
 GPU_PY    := $(shell test -x $(PY) && echo $(PY) || echo python3)
 GPU_WHEELS := build/gpu-wheels
 GPU_PINS  := fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.3 prometheus-client==0.26.0 \
@@ -126,7 +129,7 @@ GPU_PINS  := fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.3 prometheus-client
 GPU_PLATFORMS := $(foreach n,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 \
                    manylinux1,--platform $(n)_x86_64)
 
-gpu-check: ## on a lent card: gpu tests, then graphbench's arms (results JSON); on a CPU says what it would run and fails
+gpu-check: ## on a lent card: every single-card row's results JSON (--plan lists them); on a CPU says what it would run and fails
 	$(GPU_PY) tools/gpu_check.py
 
 gpu-check-prepare: ## download the card's missing packages as cp312 wheels into build/gpu-wheels
