@@ -25,8 +25,11 @@ $(VENV_STAMP): pyproject.toml
 lint: setup ## ruff over the whole tree
 	.venv/bin/ruff check .
 
+# pytest-xdist processes, each given one test file at a time; 0 runs the tests in-process
+PYTEST_WORKERS ?= 2
+
 pytest: setup ## pytest without the slow tests (GPU tests skip without CUDA)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
 
 test: lint pytest ## what CI runs: ruff, then pytest (every chapter's exact and bound claims)
 
