@@ -21,6 +21,10 @@ SERVER = dict(dtype="float32", max_num_seqs=8)  # every arm's server, beside its
 # The engine these days measured: Day 41's, before the C++ ops of Days 54-55 (which the
 # package now turns on by default). Pinned, so a rerun measures the same servers.
 BEFORE_KERNELS = ("--kernels", "off", "--attention", "gathered")
+# The arms run side by side on one machine. Left at threads_bind=auto, every server would pin its
+# compute threads to the same cores and they would take turns on them: a budget's cost would
+# read as whichever server the OS scheduler starved. Unpinned, as these days' engine was.
+UNPINNED = ("--threads-bind", "nobind")
 SERVER_TIMEOUT_S = 240.0  # a cold start on a busy 2-core machine
 RUN_LIMIT_S = 120.0  # one arm's run of one round: past it, unfinished requests count as failed
 
@@ -31,7 +35,7 @@ def servers(arms: dict[str, tuple[str, ...]]):
     from nanoserve.bench.local_server import local_server
 
     managers = {name: local_server(SHIPPED, timeout_s=SERVER_TIMEOUT_S,
-                                   extra_args=(*BEFORE_KERNELS, *flags), **SERVER)
+                                   extra_args=(*BEFORE_KERNELS, *UNPINNED, *flags), **SERVER)
                 for name, flags in arms.items()}
     with contextlib.ExitStack() as stack:
         with concurrent.futures.ThreadPoolExecutor(len(managers)) as pool:
