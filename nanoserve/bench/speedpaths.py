@@ -14,6 +14,7 @@ absolute times drift by a factor of several within minutes.
     python -m nanoserve.bench.speedpaths decode --arms gathered reference --ragged
     python -m nanoserve.bench.speedpaths decode --arms packed plain --threads 1
     python -m nanoserve.bench.speedpaths linear --rows 8 --threads 1   # packed weights, one call
+    python -m nanoserve.bench.speedpaths profile --dtype bfloat16     # top ops, before/after
 
 ``decode`` uses random weights in SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV
 heads, intermediate 1536, vocab 49152, tied), written by transformers (a test dependency), 32
@@ -159,9 +160,52 @@ def linear(rows: int, dtype: str) -> None:
               f"{'bit-identical' if same else 'not bit-identical'})")
 
 
+def profile(dtype: str, steps: int, top: int) -> None:
+    """One thread, 8 rows of the SmolLM2-135M shape decoding: the ops' self CPU time over
+    ``steps`` decode steps under torch.profiler, the PyTorch path (kernels off, the gathered
+    read) against the default path, each arm's ``top`` ops with their share of the total."""
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from nanoserve import LLM, SamplingParams
+    from nanoserve.bench.shapes import shape_checkpoint
+
+    torch.set_num_threads(1)
+    arms = {"before (kernels=False, attention=gathered)": dict(kernels=False,
+                                                                attention="gathered"),
+            "after (the defaults)": {}}
+    g = torch.Generator().manual_seed(54)
+    prompts = [torch.randint(2, 49000, (32 + 4 * i,), generator=g).tolist() for i in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+    print(f"profile, SmolLM2-135M shape (random), {dtype}, 8 rows, one thread, {steps} decode "
+          f"steps per arm, self CPU time by op:")
+    for name, kw in arms.items():
+        llm = LLM(str(shape_checkpoint("smollm2-135m")), dtype=dtype, skip_tokenizer_init=True,
+                  max_num_seqs=8, max_model_len=512, **kw)
+        for i, p in enumerate(prompts):
+            llm.core.add(llm.core.make_request(f"r{i}", p, params))
+        with torch.inference_mode():
+            llm.core.step()  # the prefill
+            llm.core.step()  # the first decode step
+            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(steps):
+                    llm.core.step()
+        self_us, calls = Counter(), Counter()
+        for e in prof.key_averages():
+            self_us[e.key] += e.self_cpu_time_total
+            calls[e.key] += e.count
+        total = sum(self_us.values())
+        print(f"  {name}: {total / steps / 1e3:.2f} ms of op time a step")
+        for op, us in self_us.most_common(top):
+            print(f"    {op:40s} {us / total:6.1%}  {calls[op] // steps:5d} calls a step")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m nanoserve.bench.speedpaths")
-    p.add_argument("what", choices=["positions", "workspace", "bf16", "decode", "linear"])
+    p.add_argument("what", choices=["positions", "workspace", "bf16", "decode", "linear",
+                                    "profile"])
     p.add_argument("--arms", nargs=2, default=["gathered", "reference"],
                    help="two of: gathered, reference, compile, packed, plain")
     p.add_argument("--rows", type=int, default=8, help="linear: rows per call")
@@ -169,11 +213,14 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--ragged", action="store_true", help="one long request among short ones")
+    p.add_argument("--top", type=int, default=10, help="profile: ops listed per arm")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.what == "linear":
         linear(a.rows, a.dtype)
+    elif a.what == "profile":
+        profile(a.dtype, a.steps, a.top)
     elif a.what == "decode":
         decode(a.arms, a.dtype, a.steps, a.ragged)
     else:
