@@ -76,10 +76,12 @@ def raw_post(port: int, path: str, body: dict, headers: dict | None = None) -> s
     return s
 
 
-def read_until(s: socket.socket, marker: bytes, limit: int = 1 << 20) -> bytes:
-    """Read from ``s`` until ``marker`` has arrived (or EOF); bounded by ``limit`` bytes."""
+def read_until(s: socket.socket, marker: bytes | None, limit: int = 1 << 20) -> bytes:
+    """Read from ``s`` until ``marker`` has arrived, or to EOF when it is None; bounded by
+    ``limit`` bytes. (A marker meant never to arrive is a bug waiting: the model once wrote the
+    word "never" into a stream that was to be read to its end.)"""
     buf = b""
-    while marker not in buf and len(buf) < limit:
+    while (marker is None or marker not in buf) and len(buf) < limit:
         chunk = s.recv(65536)
         if not chunk:
             break
