@@ -8,6 +8,12 @@
 // running max and sum, and the output accumulator are float32, and the softmax is online, so
 // nothing of size (B, S) exists. A long context is cut into splits of kSplit tokens run in
 // parallel, each leaving (max, sum, acc) behind, combined per row at the end.
+//
+// In the engine the pools are cold: between two layers' reads the weights stream through the
+// cache. So a task prefetches the next tile's K and V vectors before it scores the current one,
+// and its inner loops keep accumulators in registers (per head and key while scoring, per head
+// and D-chunk across a tile while weighing V). Day 55's snapshot is the version without these;
+// every sum runs in the same order in both, and their outputs are equal to the bit.
 #include <algorithm>
 #include <vector>
 
@@ -23,27 +29,90 @@ constexpr int64_t kTile = 16;    // tokens scored before one online-softmax upda
 static_assert(kTile % kLanes == 0, "a tile is whole registers of scores");
 constexpr int64_t kMaxGD = 4096;  // G * D floats of query and accumulator kept on the stack
 
-// s[g * kTile + j] = q[g] . k for g < G: each chunk of the K row is loaded (and widened) once and
-// multiplied into all G query heads that share it.
-template <typename T>
-inline void dots(const float* q, const T* k, int64_t G, int64_t D, float* s, int64_t j) {
-  int64_t g0 = 0;
-  for (; g0 < G; g0 += 8) {  // eight heads' accumulators at a time stay in registers
-    const int64_t ng = std::min<int64_t>(8, G - g0);
-    fVec acc[8] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f),
-                   fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
-    int64_t d = 0;
-    for (; d + kLanes <= D; d += kLanes) {
-      const fVec kv = load_f(k + d);
-      for (int64_t g = 0; g < ng; ++g)
-        acc[g] = at::vec::fmadd(fVec::loadu(q + (g0 + g) * D + d), kv, acc[g]);
-    }
-    for (int64_t g = 0; g < ng; ++g) {
-      float sum = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, acc[g]);
-      for (int64_t e = d; e < D; ++e) sum += q[(g0 + g) * D + e] * to_f(k[e]);
-      s[(g0 + g) * kTile + j] = sum;
+// The per-head accumulators below are arrays of NG registers; NG is a template argument, 1 to 8,
+// so that the compiler keeps them in registers. HEADS(n, call) runs call with NG = n.
+#define NANOSERVE_HEADS(n, ...)                 \
+  switch (n) {                                  \
+    case 1: { constexpr int NG = 1; __VA_ARGS__; break; } \
+    case 2: { constexpr int NG = 2; __VA_ARGS__; break; } \
+    case 3: { constexpr int NG = 3; __VA_ARGS__; break; } \
+    case 4: { constexpr int NG = 4; __VA_ARGS__; break; } \
+    case 5: { constexpr int NG = 5; __VA_ARGS__; break; } \
+    case 6: { constexpr int NG = 6; __VA_ARGS__; break; } \
+    case 7: { constexpr int NG = 7; __VA_ARGS__; break; } \
+    default: { constexpr int NG = 8; __VA_ARGS__; break; } \
+  }
+
+// s[g * kTile + t] = q[g] . k[t] for NG heads from q and NT keys: each chunk of a K row is
+// loaded (and widened) once for all the heads that share it, and each chunk of q once for all NT
+// keys. Each (head, key) sum runs over d in order, whatever NT is.
+template <int NG, int NT, typename T>
+inline void dots_of(const float* q, const T* const* k, int64_t D, float* s) {
+  fVec acc[NT][NG];
+  for (int t = 0; t < NT; ++t)
+    for (int g = 0; g < NG; ++g) acc[t][g] = fVec(0.f);
+  int64_t d = 0;
+  for (; d + kLanes <= D; d += kLanes) {
+    fVec kv[NT];
+    for (int t = 0; t < NT; ++t) kv[t] = load_f(k[t] + d);
+    for (int g = 0; g < NG; ++g) {
+      const fVec qv = fVec::loadu(q + g * D + d);
+      for (int t = 0; t < NT; ++t) acc[t][g] = at::vec::fmadd(qv, kv[t], acc[t][g]);
     }
   }
+  for (int t = 0; t < NT; ++t)
+    for (int g = 0; g < NG; ++g) {
+      float sum = at::vec::vec_reduce_all<float>([](fVec& x, fVec& y) { return x + y; },
+                                                 acc[t][g]);
+      for (int64_t e = d; e < D; ++e) sum += q[g * D + e] * to_f(k[t][e]);
+      s[g * kTile + t] = sum;
+    }
+}
+
+// Scores of the tile's n keys for all G heads, eight heads at a time; up to four heads, two keys
+// at a time as well (2 x 4 accumulators, two keys and a query chunk fit AVX2's 16 registers).
+template <int NG, typename T>
+inline void dots_for(const float* q, const T* const* k, int64_t n, int64_t D, float* s) {
+  int64_t j = 0;
+  if constexpr (NG <= 4)
+    for (; j + 2 <= n; j += 2) dots_of<NG, 2>(q, k + j, D, s + j);
+  for (; j < n; ++j) dots_of<NG, 1>(q, k + j, D, s + j);
+}
+
+template <typename T>
+inline void dots(const float* q, const T* const* k, int64_t n, int64_t G, int64_t D, float* s) {
+  for (int64_t g0 = 0; g0 < G; g0 += 8)
+    NANOSERVE_HEADS(std::min<int64_t>(8, G - g0),
+                    dots_for<NG>(q + g0 * D, k, n, D, s + g0 * kTile))
+}
+
+// acc[g] += sum over j < n of w[g][j] * v[j] for NG heads, on the D-chunk at d: the heads'
+// accumulators stay in registers across the tile's tokens, so acc is read and written once a
+// tile rather than once a token, and each V chunk is loaded once for all the heads. The sum
+// runs over j in order, as a token-at-a-time loop would: the result is the same to the bit.
+template <int NG, typename T>
+inline void weigh_chunk(const T* const* vrows, int64_t n, const float* w, int64_t D, int64_t d,
+                        float* acc) {
+  fVec a[NG];
+  for (int g = 0; g < NG; ++g) a[g] = fVec::loadu(acc + g * D + d);
+  for (int64_t j = 0; j < n; ++j) {
+    const fVec vv = load_f(vrows[j] + d);
+    for (int g = 0; g < NG; ++g) a[g] = at::vec::fmadd(fVec(w[g * kTile + j]), vv, a[g]);
+  }
+  for (int g = 0; g < NG; ++g) a[g].store(acc + g * D + d);
+}
+
+template <typename T>
+inline void weigh_values(const T* const* vrows, int64_t n, const float* w, int64_t G, int64_t D,
+                         float* acc) {
+  int64_t d = 0;
+  for (; d + kLanes <= D; d += kLanes)
+    for (int64_t g0 = 0; g0 < G; g0 += 8)
+      NANOSERVE_HEADS(std::min<int64_t>(8, G - g0),
+                      weigh_chunk<NG>(vrows, n, w + g0 * kTile, D, d, acc + g0 * D))
+  for (; d < D; ++d)  // the tail of a head_dim that is not whole registers
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t j = 0; j < n; ++j) acc[g * D + d] += w[g * kTile + j] * to_f(vrows[j][d]);
 }
 
 // One task: row b, KV head h, tokens [t0, t1). Leaves m (G), l (G), acc (G, D).
@@ -57,14 +126,31 @@ void attend_split(const T* q, const T* kpool, const T* vpool, const int64_t* blo
     for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(q[g * D + d]) * scale;
   for (int64_t g = 0; g < G; ++g) m[g] = -INFINITY, l[g] = 0.f;
   std::fill(acc, acc + G * D, 0.f);
-  const T* vrows[kTile];
-  for (int64_t t = t0; t < t1; t += kTile) {
+  // Where tile t's K and V vectors lie, and a prefetch of each: the tile after the current one
+  // is located before the current one is scored, so its cache misses (between layers the
+  // weights have pushed the pools out of cache) overlap this tile's arithmetic.
+  const T* rows[2][2][kTile];  // [buffer][K or V][token of the tile]
+  auto locate = [&](int64_t t, const T** kr, const T** vr) {
     const int64_t n = std::min(kTile, t1 - t);
+    int64_t blk = t / bs, off = t % bs;  // token t's place, stepped on without a division
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t p = t + j, cell = blocks[p / bs] * bs + p % bs;
-      dots(qf, kpool + (cell * Hkv + h) * D, G, D, s, j);
-      vrows[j] = vpool + (cell * Hkv + h) * D;
+      const int64_t cell = blocks[blk] * bs + off;
+      kr[j] = kpool + (cell * Hkv + h) * D;
+      vr[j] = vpool + (cell * Hkv + h) * D;
+      for (int64_t b = 0; b < D * (int64_t)sizeof(T); b += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(kr[j]) + b);
+        __builtin_prefetch(reinterpret_cast<const char*>(vr[j]) + b);
+      }
+      if (++off == bs) off = 0, ++blk;
     }
+  };
+  locate(t0, rows[0][0], rows[0][1]);
+  for (int64_t t = t0, cur = 0; t < t1; t += kTile, cur ^= 1) {
+    const int64_t n = std::min(kTile, t1 - t);
+    if (t + kTile < t1) locate(t + kTile, rows[cur ^ 1][0], rows[cur ^ 1][1]);
+    const T* const* krows = rows[cur][0];
+    const T* const* vrows = rows[cur][1];
+    dots(qf, krows, n, G, D, s);
     for (int64_t g = 0; g < G; ++g) {  // online softmax: new max, rescale, weights in place
       float* sg = s + g * kTile;
       float mx = m[g];
@@ -85,19 +171,7 @@ void attend_split(const T* q, const T* kpool, const T* vpool, const int64_t* blo
         for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
       }
     }
-    for (int64_t j = 0; j < n; ++j) {  // each V row loaded once for all G heads
-      const T* v = vrows[j];
-      int64_t d = 0;
-      for (; d + kLanes <= D; d += kLanes) {
-        const fVec vv = load_f(v + d);
-        for (int64_t g = 0; g < G; ++g) {
-          float* a = acc + g * D + d;
-          at::vec::fmadd(fVec(s[g * kTile + j]), vv, fVec::loadu(a)).store(a);
-        }
-      }
-      for (; d < D; ++d)
-        for (int64_t g = 0; g < G; ++g) acc[g * D + d] += s[g * kTile + j] * to_f(v[d]);
-    }
+    weigh_values(vrows, n, s, G, D, acc);
   }
 }
 
