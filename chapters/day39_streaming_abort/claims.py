@@ -4,8 +4,9 @@ The server (``chapters/day38_server/live.py``): nanoserve-tiny in float32 behind
 uvicorn on a free port of 127.0.0.1 in a thread, 4 slots, a 256-block pool of block_size 4.
 Six requests are sent twice, streamed and not; then four streaming clients hang up after three
 events and four non-streaming clients hang up after 0.3 s (a read timeout), each asking for 200
-tokens with EOS ignored. ``abort`` and ``abort_request`` are wrapped to record when the server
-asked and when the engine gave the blocks back.
+tokens with EOS ignored (while they wait, a step takes at least ``STEP_FLOOR_S``, so their
+answers cannot be finished first on a fast machine). ``abort`` and ``abort_request`` are wrapped
+to record when the server asked and when the engine gave the blocks back.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ PAIRS = [  # (path, body): each sent streamed and not streamed
                               "seed": 3}),
 ]
 HANGUPS = 4  # of each kind
+# While the non-streaming clients wait, each engine step takes at least this long, so their
+# 200-token answers need 200 steps, at least 1 s, and cannot be done before the 0.3 s read
+# timeout on any machine: the row counts hang-ups, not how fast this machine decodes.
+STEP_FLOOR_S = 0.005
 ABORTED = "nanoserve:request_success_total{finished_reason=abort}"
 
 
@@ -104,13 +109,24 @@ def run() -> dict:
                 except httpx.ReadTimeout:
                     r["hangups"].append(("blocking", time.perf_counter()))
 
+        step = core.step
+
+        def paced_step():
+            t0 = time.perf_counter()
+            out = step()
+            time.sleep(max(0.0, STEP_FLOOR_S - (time.perf_counter() - t0)))
+            return out
+
         for kind in (streaming, blocking):
+            if kind is blocking:
+                core.step = paced_step
             threads = [threading.Thread(target=kind, args=(i,)) for i in range(HANGUPS)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join(timeout=60)
             live.idle()
+        del core.step  # the instance's own attribute: the class's step again
         r["idle"] = live.idle()
         r["metrics"] = _metrics(c.get("/metrics").text)
         r["pool"] = (live.pool.num_free, live.pool.num_blocks)
