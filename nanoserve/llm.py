@@ -35,8 +35,9 @@ on this processor, timed once at load and cached per CPU model (``auto_dtype.py`
 ``llm.dtype`` and ``llm.dtype_reason`` say which and quote the measurement, and so does a log
 line. Logits reach the sampler in float32 either way. ``prepack="auto"`` reorders every linear
 weight once, at load, into oneDNN's blocked layout when the model is bf16 on a CPU (bit-identical
-to ``F.linear`` there, and faster at decode sizes); ``llm.prepacked`` and ``llm.prepack_reason``
-say what was chosen (``prepack.py``).
+to ``F.linear`` there, and faster at decode sizes), and in float32 where a measurement at load
+found it faster than ``F.linear``; ``llm.prepacked`` and ``llm.prepack_reason`` say what was
+chosen and why (``prepack.py``).
 
 A reply ends by the first rule that fires, checked in this order after every token: an EOS id
 (unless ``ignore_eos``), a ``stop_token_ids`` id, a ``stop`` string (the text is cut before it),

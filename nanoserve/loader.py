@@ -81,7 +81,8 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     device = torch.device(cfg.device)
     dtype, why = choose_dtype(cfg.dtype, mc, device)  # "auto" on a CPU: measured, cached
     log.info("dtype=%s: %s (%s)", cfg.dtype, str(dtype).removeprefix("torch."), why)
-    prepacked, prepack_why = resolve_prepack(cfg.prepack, device, dtype, cfg.compile)
+    prepacked, prepack_why = resolve_prepack(cfg.prepack, device, dtype, cfg.compile,
+                                             (mc.hidden_size, mc.intermediate_size))
     kernels, kernels_why = resolve_kernels(cfg.kernels, device, dtype)
     small_gemm = kernels and dtype == torch.bfloat16
     log.info("prepack=%s: %s (%s)", cfg.prepack, "packed" if prepacked else "plain",

@@ -14,12 +14,17 @@ results, so ``prepack="auto"`` turns it on for bf16 on a CPU. Where the C++ ops 
 ``small_gemm.choose`` timed it faster at decode sizes; those batches then sum in another order
 (bf16 results within a rounding step, no longer bit-identical to ``F.linear``).
 
-In float32 oneDNN's packed kernel accumulates in another order (differences near 1e-4
-relative), so float32 packs only when asked (``prepack=True``), and the plain path stays the
-reference.
+In float32 oneDNN's packed kernel accumulates in another order than ``F.linear`` (differences
+near 1e-4 relative), so float32 packs under ``auto`` only where it clearly pays, and that is a
+measurement, not a guess: torch's float32 ``F.linear`` goes to MKL, which on one 2-core AMD EPYC
+read decode-sized weights at 18-19 GB/s where oneDNN's packed kernel read them at 36-49. At load
+the model's own MLP shapes are timed both ways in float32 at 8 and 64 rows, interleaved, and
+packing is chosen only at ``FP32_MARGIN`` or more (the geometric mean of the two ratios); the
+verdict is cached per CPU model, torch and thread count in ``build/prepack_auto.json``, so one
+machine always gives one default, and the reason quotes the ratio.
 
-    LLM(..., prepack="auto")   # bf16 on a CPU: packed; anything else: plain F.linear
-    LLM(..., prepack=True)     # float32 too; refused where oneDNN cannot do it
+    LLM(..., prepack="auto")   # bf16 on a CPU: packed; float32: packed where measured faster
+    LLM(..., prepack=True)     # packed; refused where oneDNN cannot do it
 
 Under ``compile`` a packed linear is one opaque custom op (``nanoserve::packed_linear``), so the
 compiled decode keeps the packed weights instead of tracing ``F.linear``.
@@ -36,6 +41,8 @@ from torch import nn
 from .config import PREPACK_CHOICES
 
 DECODE_ROWS_HINT = 8  # oneDNN picks its blocking for this many rows; any count runs
+FP32_ROWS = (8, 64)  # a small decode batch and a full one
+FP32_MARGIN = 1.2  # packed float32 sums in another order than F.linear: it must clearly pay
 
 
 def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -55,9 +62,55 @@ def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
+@torch.inference_mode()
+def measure_float32(hidden: int, intermediate: int) -> dict[int, float]:
+    """``F.linear`` time / packed time in float32 at each of ``FP32_ROWS``, over one MLP's up
+    (gate and up fused) and down projections, on random weights of the model's shape."""
+    import torch.nn.functional as F
+
+    from .measured import best_interleaved
+
+    g = torch.Generator().manual_seed(0)
+    shapes = ((2 * intermediate, hidden), (hidden, intermediate))  # (N, K) each
+    weights = [torch.randn(n, k, generator=g) * k ** -0.5 for n, k in shapes]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, DECODE_ROWS_HINT) for w in weights]
+    ratios = {}
+    for m in FP32_ROWS:
+        xs = [torch.randn(m, k, generator=g) for _, k in shapes]
+        plain_t, packed_t = best_interleaved(
+            [lambda xs=xs: [F.linear(x, w) for x, w in zip(xs, weights, strict=True)],
+             lambda xs=xs: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+                            for x, p in zip(xs, packed, strict=True)]], 5, 1.0)
+        ratios[m] = plain_t / packed_t
+    return ratios
+
+
+def float32_verdict(shape: tuple[int, int]) -> tuple[bool, str]:
+    """(pack?, why) for float32 under ``auto``: measured once per machine and shape, cached."""
+    import math
+
+    from .measured import cache_dir, cached, machine_key
+
+    hidden, intermediate = shape
+
+    def verdict() -> dict:
+        ratios = measure_float32(hidden, intermediate)
+        gain = math.prod(ratios.values()) ** (1 / len(ratios))
+        return {"pack": gain >= FP32_MARGIN, "gain": round(gain, 3),
+                "plain_over_packed": {str(m): round(r, 3) for m, r in ratios.items()}}
+    key = f"{machine_key()}|{hidden}x{intermediate}|margin {FP32_MARGIN}"
+    v = cached("prepack_auto.json", key, verdict, cache_dir() / "prepack_auto.json")
+    seen = (f"float32, measured here: oneDNN's packed linear ran {v['gain']:.2f}x F.linear's "
+            f"speed ({hidden}x{intermediate} MLP, {' and '.join(map(str, FP32_ROWS))} rows; "
+            f"packing needs {FP32_MARGIN}x")
+    return (True, seen + ")") if v["pack"] else (False, seen + ", so plain F.linear)")
+
+
 def resolve(prepack: bool | str, device: torch.device, dtype: torch.dtype,
-            compile: bool | str) -> tuple[bool, str]:
-    """(pack?, why): ``auto`` packs bf16 on a CPU; ``True`` packs or raises a ValueError."""
+            compile: bool | str, shape: tuple[int, int] | None = None) -> tuple[bool, str]:
+    """(pack?, why): ``auto`` packs bf16 on a CPU, and float32 where ``float32_verdict`` measured
+    it faster for the model's MLP ``shape`` (hidden, intermediate); ``True`` packs or raises a
+    ValueError."""
     if prepack not in PREPACK_CHOICES:
         raise ValueError(f"prepack={prepack!r}; choose one of {PREPACK_CHOICES}")
     if prepack is False:
@@ -67,10 +120,15 @@ def resolve(prepack: bool | str, device: torch.device, dtype: torch.dtype,
         if why_not:
             raise ValueError(f"prepack=True: {why_not}")
         return True, "prepack=True"
-    if why_not or dtype != torch.bfloat16:
-        return False, why_not or "float32 packs only when asked (not bit-identical)"
-    return True, "bf16 on a CPU: weights packed for oneDNN at load" + (
-        " (an opaque op under compile)" if compile else "")
+    under_compile = " (an opaque op under compile)" if compile else ""
+    if why_not:
+        return False, why_not
+    if dtype == torch.float32:
+        from .auto_dtype import DEFAULT_SHAPE
+
+        pack, why = float32_verdict(shape or DEFAULT_SHAPE)
+        return pack, why + (under_compile if pack else "")
+    return True, "bf16 on a CPU: weights packed for oneDNN at load" + under_compile
 
 
 # The compiler cannot trace an opaque mkldnn tensor, so under torch.compile a packed linear is

@@ -59,11 +59,12 @@ def test_greedy_tokens_identical_with_and_without_packing():
     assert out[True] == out[False]
 
 
-def test_auto_packs_bf16_on_a_cpu_and_nothing_else():
+def test_auto_packs_bf16_on_a_cpu_and_float32_where_measured_faster():
     bf16_ok = unavailable(CPU, torch.bfloat16) is None
     assert resolve("auto", CPU, torch.bfloat16, compile=False)[0] is bf16_ok
-    assert resolve("auto", CPU, torch.float32, compile=False) == (
-        False, "float32 packs only when asked (not bit-identical)")
+    pack, why = resolve("auto", CPU, torch.float32, compile=False, shape=(64, 172))
+    fp32_why_not = unavailable(CPU, torch.float32)
+    assert (pack, why) == (False, fp32_why_not) if fp32_why_not else "measured here" in why
     assert resolve("auto", CPU, torch.bfloat16, compile=True)[0] is bf16_ok  # an opaque op
     assert resolve("auto", torch.device("cuda"), torch.bfloat16, compile=False)[0] is False
     assert resolve(False, CPU, torch.bfloat16, compile=False) == (False, "prepack=False")
@@ -100,3 +101,30 @@ def test_the_compiled_decode_keeps_packed_weights_and_the_tokens(hf_checkpoint):
     want = [o.token_ids for o in eager.generate(prompts, sp)]
     assert [o.token_ids for o in compiled.generate(prompts, sp)] == want
     assert compiled.engine.compiled.compiles >= 1
+
+
+def test_float32_packs_only_at_the_measured_margin_and_the_verdict_is_kept(tmp_path,
+                                                                           monkeypatch):
+    import nanoserve.measured as measured
+    import nanoserve.prepack as prepack
+
+    if unavailable(CPU, torch.float32):
+        pytest.skip(unavailable(CPU, torch.float32))
+
+    monkeypatch.setattr(measured, "cache_dir", lambda: tmp_path)
+    timed = []
+
+    def fake(gain):
+        def measure(hidden, intermediate):
+            timed.append((hidden, intermediate))
+            return {m: gain for m in prepack.FP32_ROWS}
+        return measure
+
+    monkeypatch.setattr(prepack, "measure_float32", fake(1.1))  # below the margin: plain
+    pack, why = prepack.resolve("auto", CPU, torch.float32, compile=False, shape=(64, 172))
+    assert not pack and "1.10x" in why and "so plain F.linear" in why
+    monkeypatch.setattr(prepack, "measure_float32", fake(3.0))
+    assert prepack.resolve("auto", CPU, torch.float32, False, shape=(64, 172))[0] is False
+    assert timed == [(64, 172)]  # the first verdict is kept for this machine and shape
+    pack, why = prepack.resolve("auto", CPU, torch.float32, compile=False, shape=(96, 256))
+    assert pack and "3.00x" in why and timed == [(64, 172), (96, 256)]

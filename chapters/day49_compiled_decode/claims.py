@@ -28,7 +28,8 @@ from .snapshot import compiled as snap
 PROMPTS = [[0, 5 + i, 9, 11] for i in range(8)]
 GEN = (4, 8, 16, 32)
 KW = dict(dtype="float32", max_num_seqs=4, max_model_len=64, skip_tokenizer_init=True,
-          enable_chunked_prefill=False)  # Day 49 counts decode steps of whole-prompt runs
+          enable_chunked_prefill=False,  # Day 49 counts decode steps of whole-prompt runs
+          prepack=False)  # and aten::mm calls: float32 through F.linear, as on the day
 SNAP_ROWS, SNAP_STEPS = 4, 12
 GRAPHS: list = []  # what the counting backend was handed, newest last
 

@@ -339,8 +339,11 @@ def decode_llm(dtype: str, arm: str, max_tokens: int = 256):
     from nanoserve.bench.shapes import shape_checkpoint
 
     with one_thread():
+        # float32 through F.linear, as on the day (auto now packs it where measured faster)
+        prepack = False if dtype == "float32" else "auto"
         llm = LLM(str(shape_checkpoint("smollm2-135m")), dtype=dtype, skip_tokenizer_init=True,
-                  max_num_seqs=N_ROWS, max_model_len=max_tokens + 128, **ARMS[arm])
+                  max_num_seqs=N_ROWS, max_model_len=max_tokens + 128, prepack=prepack,
+                  **ARMS[arm])
         g = torch.Generator().manual_seed(54)
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         for i in range(N_ROWS):

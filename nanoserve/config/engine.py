@@ -132,7 +132,8 @@ class EngineConfig:
     compact_rows: bool | None = option(None, "compact running rows to 0..n-1 (Day 58); unset: "
                                        "follows --cuda-graphs", flag="--persistent-batch")
     prepack: bool | str = option("auto", "oneDNN-packed linear weights: auto packs bf16 on a "
-                                 "CPU", choices=PREPACK_CHOICES,
+                                 "CPU, and float32 where measured faster (prepack.py)",
+                                 choices=PREPACK_CHOICES,
                                  cli={"type": _tristate, "metavar": "{auto,on,off}"})
     threads_bind: str = option("auto", "pin the compute threads (threads.py): auto: one per "
                                "physical core; nobind; or a CPU list such as 0-3,8 (vLLM: "
