@@ -33,7 +33,7 @@ def cache_dir() -> Path:
 
 def machine_key() -> str:
     """What every timed verdict depends on, whatever it measured."""
-    return f"{csrc.cpu_model()}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+    return f"{csrc.cpu_signature()}|torch {torch.__version__}|{torch.get_num_threads()} threads"
 
 
 def best_interleaved(calls: list[Callable[[], object]], reps: int,

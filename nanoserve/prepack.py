@@ -10,9 +10,9 @@ every step. Measured on this 2-core x86 CPU (AVX512-BF16, one torch thread), 8 r
 
 In bfloat16 the packed call runs the same oneDNN kernel as ``F.linear`` and gives bit-identical
 results, so ``prepack="auto"`` turns it on for bf16 on a CPU. Where the C++ ops are loaded
-(``kernels``), a bf16 shape also keeps a copy of its weight for the small-M kernel if
-``small_gemm.choose`` timed it faster at decode sizes; those batches then sum in another order
-(bf16 results within a rounding step, no longer bit-identical to ``F.linear``).
+(``kernels``), a packed shape, bf16 or float32, also keeps a copy of its weight for the small-M
+kernel if ``small_gemm.choose`` timed it faster at decode sizes; those batches then sum in
+another order (bf16 results within a rounding step, no longer bit-identical to ``F.linear``).
 
 In float32 oneDNN's packed kernel accumulates in another order than ``F.linear`` (differences
 near 1e-4 relative), so float32 packs under ``auto`` only where it clearly pays, and that is a
@@ -173,7 +173,7 @@ class PackedLinear(nn.Module):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         rows = x.numel() // self.in_features
-        if rows <= self.small_rows and x.dtype == torch.bfloat16:
+        if rows <= self.small_rows and x.dtype == self.small.dtype:
             out = x.new_empty(*x.shape[:-1], self.out_features)
             torch.ops.nanoserve.small_gemm(out.view(rows, -1), x.view(rows, -1), self.small,
                                            self.bias)
@@ -188,19 +188,19 @@ class PackedLinear(nn.Module):
 
 def prepack_model(model: nn.Module, small_gemm: bool = False) -> int:
     """Swap every ``nn.Linear`` under ``model.layers`` for a ``PackedLinear``, and give the
-    model a packed LM head (``model.packed_head``). With ``small_gemm`` (bf16, the C++ ops
-    loaded), each shape also takes the small-M kernel where ``small_gemm.choose`` measured it
-    faster. Returns how many weights were packed."""
+    model a packed LM head (``model.packed_head``). With ``small_gemm`` (bf16 or float32, the
+    C++ ops loaded), each shape also takes the small-M kernel where ``small_gemm.choose``
+    measured it faster. Returns how many weights were packed."""
     if model.packed_head is not None:
         raise ValueError("this model's weights are already packed")
     chosen: dict[tuple[int, int], int] = {}
 
     def rows_for(weight: torch.Tensor) -> int:
-        if not small_gemm or weight.dtype != torch.bfloat16:
+        if not small_gemm or weight.dtype not in (torch.bfloat16, torch.float32):
             return 0
         if weight.shape not in chosen:
             from .small_gemm import choose
-            chosen[weight.shape] = choose(*weight.shape)
+            chosen[weight.shape] = choose(*weight.shape, weight.dtype)
         return chosen[weight.shape]
 
     count = 0

@@ -1,16 +1,22 @@
-"""Which matmul a decode-sized bf16 linear runs: oneDNN's packed one, or the small-M kernel.
+"""Which matmul a decode-sized packed linear runs: oneDNN's packed one, or the small-M kernel.
 
 Why this module exists: a linear at decode size streams its weight once per step, and how fast it
-streams depends on the kernel and on the processor. ``csrc/small_gemm.cpp`` streams a repacked bf16
-weight with AVX512-BF16 dot products; oneDNN blocks for larger batches, and on a CPU with AMX its
-tile kernels win as soon as a few rows share the weight. Neither is faster everywhere, so neither
-is chosen from CPU flags: at load, each distinct weight shape is timed both ways at 1, 2, 4 and 8
-rows, and the small kernel takes the row counts up to the first where it does not win by ``MARGIN``
-(``small_rows``; 0 keeps oneDNN alone and the repacked copy is never made). The choice is cached
-per CPU model, torch version, thread count and shape in ``build/small_gemm.json``, so an engine's
-defaults are the same from one run to the next.
+streams depends on the kernel and on the processor. ``csrc/small_gemm.cpp`` streams a repacked
+weight: bf16 with AVX512-BF16 dot products, float32 with AVX-512 multiply-adds; oneDNN blocks for
+larger batches, and on a CPU with AMX its tile kernels win as soon as a few rows share the
+weight. Neither is faster everywhere, so neither is chosen from CPU flags: at load, each distinct
+weight shape and dtype is timed both ways at 1, 2, 4 and 8 rows, and the small kernel takes the
+row counts up to the first where it does not win by ``MARGIN`` (``small_rows``; 0 keeps oneDNN
+alone and the repacked copy is never made). The choice is cached per CPU, torch version, thread
+count, shape and dtype in ``build/small_gemm.json``, so an engine's defaults are the same from
+one run to the next.
 
-    rows = choose(N, K)  # 0: oneDNN only; r: batches of at most r rows take the small kernel
+The float32 kernel serves models whose weights ``prepack`` packed (on a CPU where oneDNN's
+packed float32 linear beat ``F.linear``); its sums run in another order than either, as the
+packed linear's already do, so float32 results match the reference to rounding, not to the bit.
+
+    rows = choose(N, K)                  # bf16; 0: oneDNN only; r: batches of <= r rows
+    rows = choose(N, K, torch.float32)   # the same question for a float32 weight
 """
 
 from __future__ import annotations
@@ -31,27 +37,33 @@ def cache_path() -> Path:
     return cache_dir() / "small_gemm.json"
 
 
-def unavailable() -> str | None:
-    """Why the small kernel cannot run here, or None."""
+def unavailable(dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Why the small kernel cannot run here for weights of ``dtype``, or None."""
     why = csrc.load()
     if why:
         return why
+    if dtype == torch.float32:
+        if not torch.ops.nanoserve.small_gemm_f32_available():
+            return "the C++ ops were built without AVX-512F (no 16-wide float32 FMA on this CPU)"
+        return None
+    if dtype != torch.bfloat16:
+        return f"no small-M kernel for {dtype}"
     if not torch.ops.nanoserve.small_gemm_available():
         return "the C++ ops were built without AVX512-BF16 (no dpbf16 on this CPU)"
     return None
 
 
-def measure(N: int, K: int) -> dict[int, float]:
+def measure(N: int, K: int, dtype: torch.dtype = torch.bfloat16) -> dict[int, float]:
     """oneDNN time / small-kernel time at each row count, on random weights of this shape: the
     two timed in alternation, each its best of ``REPS``."""
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(N, K, generator=g).bfloat16()
+    w = torch.randn(N, K, generator=g).to(dtype)
     dnn = torch.ops.mkldnn._reorder_linear_weight(w, 8)
     small = torch.ops.nanoserve.pack_small_gemm(w)
     ratios = {}
     for m in ROWS:
-        x = torch.randn(m, K, generator=g).bfloat16()
-        out = torch.empty(m, N, dtype=torch.bfloat16)
+        x = torch.randn(m, K, generator=g).to(dtype)
+        out = torch.empty(m, N, dtype=dtype)
         best = best_interleaved(
             [lambda x=x, out=out: torch.ops.nanoserve.small_gemm(out, x, small, None),
              lambda x=x: torch.ops.mkldnn._linear_pointwise(x, dnn, None, "none", [], "")], REPS)
@@ -59,14 +71,16 @@ def measure(N: int, K: int) -> dict[int, float]:
     return ratios
 
 
-def choose(N: int, K: int) -> int:
+def choose(N: int, K: int, dtype: torch.dtype = torch.bfloat16) -> int:
     """The largest row count up to which the small kernel won every measured count (0: none)."""
-    if K % 2 or unavailable():
+    if (dtype == torch.bfloat16 and K % 2) or unavailable(dtype):
         return 0
-    key = f"{machine_key()}|{N}x{K}|margin {MARGIN}"
+    # bf16 keeps the key it had before float32 joined (Day 54), so its cached verdicts stand
+    suffix = "" if dtype == torch.bfloat16 else f"|{str(dtype).removeprefix('torch.')}"
+    key = f"{machine_key()}|{N}x{K}|margin {MARGIN}{suffix}"
 
     def verdict() -> dict:
-        ratios = measure(N, K)
+        ratios = measure(N, K, dtype)
         rows = 0
         for m in ROWS:
             if ratios[m] < MARGIN:

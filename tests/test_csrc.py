@@ -211,6 +211,33 @@ def test_small_gemm_matches_a_float32_matmul_rounded_once(rows, k_half, n, bias,
     torch.testing.assert_close(out.float(), want, atol=1e-3 * K ** 0.5, rtol=2 ** -7)
 
 
+@SETTINGS
+@given(rows=st.integers(1, 12), k=st.integers(1, 400), n=st.integers(1, 200),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_small_gemm_float32_matches_a_float64_matmul(rows, k, n, bias, seed):
+    if not torch.ops.nanoserve.small_gemm_f32_available():
+        pytest.skip("this CPU has no AVX-512F: the float32 small-M kernel is not built")
+    g = torch.Generator().manual_seed(seed)
+    w, x = torch.randn(n, k, generator=g), torch.randn(rows, k, generator=g)  # any K, odd too
+    b = torch.randn(n, generator=g) if bias else None
+    out = torch.empty(rows, n)
+    torch.ops.nanoserve.small_gemm(out, x, torch.ops.nanoserve.pack_small_gemm(w), b)
+    want = x.double() @ w.double().T + (b.double() if bias else 0)
+    # float32 sums in another order than F.linear's: within float32 rounding of a K-term sum
+    torch.testing.assert_close(out.double(), want, atol=1e-6 * k, rtol=1e-5)
+
+
+def test_small_gemm_refuses_a_weight_packed_in_another_dtype():
+    if not (torch.ops.nanoserve.small_gemm_f32_available()
+            and torch.ops.nanoserve.small_gemm_available()):
+        pytest.skip("needs both small-M kernels")
+    packed = torch.ops.nanoserve.pack_small_gemm(torch.randn(40, 64))  # float32 layout
+    with pytest.raises(RuntimeError, match="in x's dtype"):
+        torch.ops.nanoserve.small_gemm(torch.empty(2, 40, dtype=torch.bfloat16),
+                                       torch.randn(2, 64).bfloat16(), packed, None)
+    assert packed.shape == (2, 64, 32)  # (N/32 blocks, K, 32): no k-pairs in float32
+
+
 def test_small_gemm_refuses_a_weight_of_another_shape():
     if not torch.ops.nanoserve.small_gemm_available():
         pytest.skip("this CPU has no AVX512-BF16: the small-M kernel is not built")
@@ -232,3 +259,20 @@ def test_the_small_gemm_choice_is_measured_once_and_cached(tmp_path, monkeypatch
     assert entry["rows"] == rows and set(entry["onednn_over_small"]) == {"1", "2", "4", "8"}
     monkeypatch.setattr(small_gemm, "measure", lambda *a: pytest.fail("measured twice"))
     assert small_gemm.choose(64, 128) == rows
+
+
+def test_float32_has_its_own_small_gemm_verdict(tmp_path, monkeypatch):
+    from nanoserve import small_gemm
+    if small_gemm.unavailable(torch.float32):
+        pytest.skip(small_gemm.unavailable(torch.float32))
+    monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
+    seen = []
+    monkeypatch.setattr(small_gemm, "measure",
+                        lambda n, k, dtype: seen.append(dtype) or {m: 2.0 for m in small_gemm.ROWS})
+    assert small_gemm.choose(64, 127, torch.float32) == 8  # odd K is fine in float32
+    assert small_gemm.choose(64, 127) == 0  # but not in bf16 (k-pairs)
+    assert seen == [torch.float32]
+    import json
+    (key,) = json.loads((tmp_path / "small_gemm.json").read_text())
+    assert key.endswith("|64x127|margin 1.1|float32")
+    assert small_gemm.unavailable(torch.float16) == "no small-M kernel for torch.float16"

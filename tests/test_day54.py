@@ -85,11 +85,11 @@ def test_the_packed_layout_is_the_snapshots(n, k):
 def test_the_packages_choice_follows_the_frozen_rule(ratios, monkeypatch, tmp_path):
     from nanoserve import small_gemm
 
-    monkeypatch.setattr(small_gemm, "unavailable", lambda: None)
-    monkeypatch.setattr(small_gemm, "measure", lambda N, K: dict(ratios))
+    monkeypatch.setattr(small_gemm, "unavailable", lambda dtype=None: None)
+    monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype=None: dict(ratios))
     monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
     assert small_gemm.choose(128, 64) == snap_gemm.small_rows(ratios)
-    assert small_gemm.choose(128, 63) == 0  # an odd K never takes the kernel
+    assert small_gemm.choose(128, 63) == 0  # an odd K never takes the bf16 kernel
 
 
 def test_the_frozen_small_gemm_reference_matches_the_kernel_within_a_step():

@@ -166,7 +166,7 @@ from nanoserve.small_gemm import cache_path
 
 table = json.loads(cache_path().read_text()) if cache_path().is_file() else {}
 mine = {k: v for k, v in table.items()
-        if k.startswith(f"{csrc.cpu_model()}|torch {torch.__version__}|")}
+        if k.startswith(f"{csrc.cpu_signature()}|torch {torch.__version__}|")}
 for key, row in sorted(mine.items()):
     threads, shape = key.split("|")[2:4]  # cpu|torch|threads|shape|margin
     ratios = "  ".join(f"{m} row(s) {r:5.2f}" for m, r in row["onednn_over_small"].items())

@@ -50,6 +50,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_signature() -> str:
+    """The model name plus what tells two processors of one name apart: a VM may call a Zen 3
+    and a Zen 5 both "AMD EPYC", and a -march=native build or a timed verdict from one is not
+    valid on the other (the build could die of an illegal instruction). Family, model, stepping
+    and a hash of the feature flags, as /proc/cpuinfo gives them; the name alone elsewhere."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, sep, value = line.partition(":")
+            key = key.strip()
+            if not sep:
+                break  # the first processor's block ends at a blank line
+            if key in ("cpu family", "model", "stepping", "flags"):
+                fields.setdefault(key, value.strip())
+    except OSError:
+        pass
+    if not fields:
+        return cpu_model()
+    flags = hashlib.sha256(fields.get("flags", "").encode()).hexdigest()[:8]
+    return (f"{cpu_model()} (family {fields.get('cpu family', '?')} model "
+            f"{fields.get('model', '?')} stepping {fields.get('stepping', '?')}, flags {flags})")
+
+
 def build_key() -> str:
     """What the cached library depends on: sources, flags, torch, the CPU."""
     h = hashlib.sha256()
@@ -58,7 +81,7 @@ def build_key() -> str:
         h.update((HERE / name).read_bytes())
     h.update(" ".join(CFLAGS).encode())
     h.update(torch.__version__.encode())
-    h.update(cpu_model().encode())
+    h.update(cpu_signature().encode())
     return h.hexdigest()[:12]
 
 

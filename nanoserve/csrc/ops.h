@@ -22,6 +22,7 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
 void apply_token_bitmask(at::Tensor& logits, const at::Tensor& rows, const at::Tensor& words);
 
 bool small_gemm_available();
+bool small_gemm_f32_available();
 at::Tensor pack_small_gemm(const at::Tensor& weight);
 void small_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                 const std::optional<at::Tensor>& bias);

@@ -25,7 +25,9 @@ OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope_and_cache",
 
 
 def _packed_shape(weight: torch.Tensor) -> torch.Tensor:
-    N, K = weight.shape  # (N, K) -> (N/32 blocks, K/2 pairs, 32, 2), as small_gemm.cpp packs
+    N, K = weight.shape  # as small_gemm.cpp packs: bf16 (N/32 blocks, K/2 pairs, 32, 2),
+    if weight.dtype == torch.float32:  # float32 (N/32 blocks, K, 32)
+        return weight.new_empty(-(-N // 32), K, 32)
     return weight.new_empty(-(-N // 32), -(-K // 2), 32, 2)
 
 

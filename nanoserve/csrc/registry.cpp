@@ -17,6 +17,7 @@ TORCH_LIBRARY(nanoserve, m) {
         "Tensor block_table, Tensor context_lens, int block_size, float scale) -> ()");
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor rows, Tensor words) -> ()");
   m.def("small_gemm_available() -> bool");
+  m.def("small_gemm_f32_available() -> bool");
   m.def("pack_small_gemm(Tensor weight) -> Tensor");
   m.def("small_gemm(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()");
   m.def("bind_threads(int[] cpus) -> int[]");
@@ -35,5 +36,6 @@ TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
 
 TORCH_LIBRARY_IMPL(nanoserve, CompositeExplicitAutograd, m) {
   m.impl("small_gemm_available", &nanoserve::small_gemm_available);
+  m.impl("small_gemm_f32_available", &nanoserve::small_gemm_f32_available);
   m.impl("bind_threads", &nanoserve::bind_threads);
 }

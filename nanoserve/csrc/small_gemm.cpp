@@ -1,22 +1,31 @@
-// A bf16 matmul for decode-sized batches (M <= 8 rows): stream the weight once, at memory speed.
+// A matmul for decode-sized batches (M <= 8 rows): stream the weight once, at memory speed.
 //
 // At decode sizes a linear layer is a matrix-vector product in disguise: each weight is read
-// once and used M times, so its speed is the speed the weight streams from memory. oneDNN's
-// bf16 kernels block for large M and, measured on the machines this book ran on, read small-M
-// weights at well under the copy bandwidth. This kernel follows sgl-kernel's tinygemm: the
-// weight is repacked once, at load, into column blocks of 32 output features with each pair of
-// inputs interleaved (Nb, K/2, 32, 2), so one block is one contiguous stream and one
-// _mm512_dpbf16_ps multiplies a k-pair of 16 columns against a broadcast k-pair of one row,
-// accumulating in float32. Up to 8 rows x 2 registers of accumulators stay in registers.
+// once and used M times, so its speed is the speed the weight streams from memory (or, for a
+// model small enough to stay in cache, the speed of the multiply-adds). oneDNN's kernels block
+// for large M and, measured on the machines this book ran on, read small-M weights at well
+// under the copy bandwidth. This kernel follows sgl-kernel's tinygemm: the weight is repacked
+// once, at load, into column blocks of 32 output features, so one block is one contiguous
+// stream and up to 8 rows x 2 registers of float32 accumulators stay in registers.
 //
-// It needs AVX512-BF16 (the dpbf16 instruction); elsewhere small_gemm_available() is false and
-// the engine keeps oneDNN. Results are float32 sums in another order than oneDNN's, rounded to
-// bf16 once: not bit-identical to F.linear, so it serves bf16 only.
+// - bf16, (Nb, K/2, 32, 2): each pair of inputs interleaved, so one _mm512_dpbf16_ps multiplies
+//   a k-pair of 16 columns against a broadcast k-pair of one row. Needs AVX512-BF16.
+// - float32, (Nb, K, 32): one _mm512_fmadd_ps per 16 columns, a broadcast input, a row. Needs
+//   AVX-512F.
+//
+// Where the instruction is missing the *_available op is false and the engine keeps oneDNN. The
+// next 8 KiB of the stream is prefetched: with 8 rows of work per weight the core otherwise
+// runs too few loads ahead to keep memory busy (measured: 26 -> 30 GB/s on the LM head).
+// Results are float32 sums in another order than oneDNN's (bf16 rounds them once): not
+// bit-identical to F.linear.
 #include "ops.h"
 #include "vec.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#define NANOSERVE_SMALL_GEMM_F32 1
+#endif
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define NANOSERVE_SMALL_GEMM 1
 #endif
 
@@ -24,6 +33,7 @@ namespace nanoserve {
 
 constexpr int64_t kBlockN = 32;  // output features per packed block: two zmm of float32
 constexpr int64_t kMaxRows = 8;
+constexpr int64_t kPrefetch = 128;  // 64-byte lines ahead in the weight stream: 8 KiB
 
 bool small_gemm_available() {
 #ifdef NANOSERVE_SMALL_GEMM
@@ -33,10 +43,40 @@ bool small_gemm_available() {
 #endif
 }
 
+bool small_gemm_f32_available() {
+#ifdef NANOSERVE_SMALL_GEMM_F32
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+// (N, K) float32 -> (Nb, K, 32): block nb holds output features [32 nb, 32 nb + 32), k-major.
+at::Tensor pack_f32(const at::Tensor& weight) {
+  const int64_t N = weight.size(0), K = weight.size(1), Nb = (N + kBlockN - 1) / kBlockN;
+  at::Tensor w = weight.contiguous();
+  at::Tensor out = at::zeros({Nb, K, kBlockN}, weight.options());  // zero pads N
+  const float* src = w.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, Nb, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t nb = lo; nb < hi; ++nb)
+      for (int64_t j = 0; j < kBlockN && nb * kBlockN + j < N; ++j)
+        for (int64_t k = 0; k < K; ++k)
+          dst[(nb * K + k) * kBlockN + j] = src[(nb * kBlockN + j) * K + k];
+  });
+  return out;
+}
+
+}  // namespace
+
 at::Tensor pack_small_gemm(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
-              "pack_small_gemm: takes an (N, K) bfloat16 weight, got ", weight.sizes(), " ",
-              weight.scalar_type());
+  TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kBFloat16 ||
+                                    weight.scalar_type() == at::kFloat),
+              "pack_small_gemm: takes an (N, K) bfloat16 or float32 weight, got ",
+              weight.sizes(), " ", weight.scalar_type());
+  if (weight.scalar_type() == at::kFloat) return pack_f32(weight);
   const int64_t N = weight.size(0), K = weight.size(1);
   const int64_t Nb = (N + kBlockN - 1) / kBlockN, K2 = (K + 1) / 2;
   at::Tensor w = weight.contiguous();
@@ -67,7 +107,7 @@ void block(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* wb, int64_t
   for (int m = 0; m < M; ++m) xr[m] = reinterpret_cast<const int32_t*>(x + m * ldx);
   const __m512i* w = reinterpret_cast<const __m512i*>(wb);
   for (int64_t kk = 0; kk < K2; ++kk) {
-    _mm_prefetch(reinterpret_cast<const char*>(w + 2 * kk + 16), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w + 2 * kk + kPrefetch), _MM_HINT_T0);
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + 2 * kk);
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + 2 * kk + 1);
     for (int m = 0; m < M; ++m) {
@@ -89,49 +129,105 @@ constexpr BlockFn kBlocks[kMaxRows] = {block<1>, block<2>, block<3>, block<4>,
 }  // namespace
 #endif
 
+#ifdef NANOSERVE_SMALL_GEMM_F32
+namespace {
+
+// Rows [0, M) of x (M, K) float32 times one packed (K, 32) block -> 32 outputs per row.
+template <int M>
+void block_f32(const float* x, int64_t ldx, const float* wb, int64_t K, float* acc_out) {
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    _mm_prefetch(reinterpret_cast<const char*>(wb + (2 * k + kPrefetch) * 16), _MM_HINT_T0);
+    const __m512 w0 = _mm512_loadu_ps(wb + k * kBlockN);
+    const __m512 w1 = _mm512_loadu_ps(wb + k * kBlockN + 16);
+    for (int m = 0; m < M; ++m) {
+      const __m512 a = _mm512_set1_ps(x[m * ldx + k]);
+      acc[m][0] = _mm512_fmadd_ps(a, w0, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(a, w1, acc[m][1]);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    _mm512_storeu_ps(acc_out + m * kBlockN, acc[m][0]);
+    _mm512_storeu_ps(acc_out + m * kBlockN + 16, acc[m][1]);
+  }
+}
+
+using BlockF32 = void (*)(const float*, int64_t, const float*, int64_t, float*);
+constexpr BlockF32 kBlocksF32[kMaxRows] = {block_f32<1>, block_f32<2>, block_f32<3>,
+                                           block_f32<4>, block_f32<5>, block_f32<6>,
+                                           block_f32<7>, block_f32<8>};
+
+}  // namespace
+#endif
+
+namespace {
+
+// Blocks [lo, hi) of the packed weight against every row of x, rows 8 at a time; the float32
+// accumulators (plus bias) are rounded to the output's dtype once.
+template <typename T, typename Block>
+void run_blocks(const T* xp, int64_t ldx, int64_t M, const T* wp, int64_t block_elems,
+                int64_t inner, const T* bp, T* op, int64_t N, int64_t lo, int64_t hi,
+                const Block* blocks) {
+  alignas(64) float acc[kMaxRows * kBlockN];
+  for (int64_t nb = lo; nb < hi; ++nb) {
+    const T* wb = wp + nb * block_elems;
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+      const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
+      blocks[rows - 1](xp + m0 * ldx, ldx, wb, inner, acc);
+      const int64_t n0 = nb * kBlockN, width = std::min<int64_t>(kBlockN, N - n0);
+      for (int64_t m = 0; m < rows; ++m)
+        for (int64_t j = 0; j < width; ++j) {
+          float v = acc[m * kBlockN + j] + (bp ? static_cast<float>(bp[n0 + j]) : 0.f);
+          op[(m0 + m) * N + n0 + j] = T(v);
+        }
+    }
+  }
+}
+
+}  // namespace
+
 void small_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                 const std::optional<at::Tensor>& bias) {
-#ifndef NANOSERVE_SMALL_GEMM
-  TORCH_CHECK(false, "small_gemm: built without AVX512-BF16; use F.linear");
-#else
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1,
-              "small_gemm: x must be (M, K) bfloat16 with unit stride over K");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kBlockN && packed.size(3) == 2 &&
-                  packed.is_contiguous(),
-              "small_gemm: packed must come from pack_small_gemm");
-  const int64_t M = x.size(0), K = x.size(1), K2 = packed.size(1), Nb = packed.size(0);
-  const int64_t N = out.size(1);
-  TORCH_CHECK((K + 1) / 2 == K2, "small_gemm: x has K=", K, ", the weight ", 2 * K2);
-  TORCH_CHECK(K % 2 == 0, "small_gemm: K must be even (a k-pair per 32-bit broadcast)");
+  const auto dtype = x.scalar_type();
+  const bool f32 = dtype == at::kFloat;
+  TORCH_CHECK(x.dim() == 2 && (f32 || dtype == at::kBFloat16) && x.stride(1) == 1,
+              "small_gemm: x must be (M, K) bfloat16 or float32 with unit stride over K");
+  TORCH_CHECK(packed.scalar_type() == dtype && packed.is_contiguous() &&
+                  packed.size(2) == kBlockN &&
+                  (f32 ? packed.dim() == 3 : packed.dim() == 4 && packed.size(3) == 2),
+              "small_gemm: packed must come from pack_small_gemm, in x's dtype");
+  const int64_t M = x.size(0), K = x.size(1), Nb = packed.size(0), N = out.size(1);
+  const int64_t inner = packed.size(1);  // K (float32) or K/2 pairs (bf16)
+  TORCH_CHECK(f32 ? inner == K : (K + 1) / 2 == inner, "small_gemm: x has K=", K,
+              ", the weight ", f32 ? inner : 2 * inner);
+  TORCH_CHECK(f32 || K % 2 == 0, "small_gemm: K must be even (a k-pair per 32-bit broadcast)");
   TORCH_CHECK(out.dim() == 2 && out.size(0) == M && out.is_contiguous() &&
-                  out.scalar_type() == at::kBFloat16 && N <= Nb * kBlockN &&
-                  N > (Nb - 1) * kBlockN,
-              "small_gemm: out must be contiguous (M, N) bfloat16 for this weight");
-  const c10::BFloat16* bp = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == at::kBFloat16 &&
-                    bias->is_contiguous(), "small_gemm: bias must be (N,) bfloat16");
-    bp = bias->data_ptr<c10::BFloat16>();
+                  out.scalar_type() == dtype && N <= Nb * kBlockN && N > (Nb - 1) * kBlockN,
+              "small_gemm: out must be contiguous (M, N) in x's dtype for this weight");
+  if (bias.has_value())
+    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == dtype && bias->is_contiguous(),
+                "small_gemm: bias must be (N,) in x's dtype");
+  const int64_t ldx = x.stride(0), block_elems = packed.numel() / Nb;
+  if (f32) {
+#ifndef NANOSERVE_SMALL_GEMM_F32
+    TORCH_CHECK(false, "small_gemm: float32 built without AVX-512F; use F.linear");
+#else
+    const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+    at::parallel_for(0, Nb, 4, [&](int64_t lo, int64_t hi) {
+      run_blocks(x.data_ptr<float>(), ldx, M, packed.data_ptr<float>(), block_elems, inner, bp,
+                 out.data_ptr<float>(), N, lo, hi, kBlocksF32);
+    });
+#endif
+    return;
   }
-  const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
-  const c10::BFloat16* wp = packed.data_ptr<c10::BFloat16>();
-  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
-  const int64_t ldx = x.stride(0);
+#ifndef NANOSERVE_SMALL_GEMM
+  TORCH_CHECK(false, "small_gemm: bf16 built without AVX512-BF16; use F.linear");
+#else
+  const c10::BFloat16* bp = bias.has_value() ? bias->data_ptr<c10::BFloat16>() : nullptr;
   at::parallel_for(0, Nb, 4, [&](int64_t lo, int64_t hi) {
-    alignas(64) float acc[kMaxRows * kBlockN];
-    for (int64_t nb = lo; nb < hi; ++nb) {
-      const c10::BFloat16* wb = wp + nb * K2 * kBlockN * 2;
-      for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-        const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
-        kBlocks[rows - 1](xp + m0 * ldx, ldx, wb, K2, acc);
-        const int64_t n0 = nb * kBlockN, width = std::min<int64_t>(kBlockN, N - n0);
-        for (int64_t m = 0; m < rows; ++m)
-          for (int64_t j = 0; j < width; ++j) {
-            float v = acc[m * kBlockN + j] + (bp ? static_cast<float>(bp[n0 + j]) : 0.f);
-            op[(m0 + m) * N + n0 + j] = c10::BFloat16(v);
-          }
-      }
-    }
+    run_blocks(x.data_ptr<c10::BFloat16>(), ldx, M, packed.data_ptr<c10::BFloat16>(),
+               block_elems, inner, bp, out.data_ptr<c10::BFloat16>(), N, lo, hi, kBlocks);
   });
 #endif
 }
