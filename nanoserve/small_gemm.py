@@ -8,8 +8,8 @@ weight. Neither is faster everywhere, so neither is chosen from CPU flags: at lo
 weight shape and dtype is timed both ways at 1, 2, 4 and 8 rows, and the small kernel takes the
 row counts up to the first where it does not win by ``MARGIN`` (``small_rows``; 0 keeps oneDNN
 alone and the repacked copy is never made). The choice is cached per CPU, torch version, thread
-count, shape and dtype in ``build/small_gemm.json``, so an engine's defaults are the same from
-one run to the next.
+count, shape, dtype and build of the kernels in ``build/small_gemm.json``, so an engine's
+defaults are the same from one run to the next.
 
 The float32 kernel serves models whose weights ``prepack`` packed (on a CPU where oneDNN's
 packed float32 linear beat ``F.linear``); its sums run in another order than either, as the
@@ -77,7 +77,8 @@ def choose(N: int, K: int, dtype: torch.dtype = torch.bfloat16) -> int:
         return 0
     # bf16 keeps the key it had before float32 joined (Day 54), so its cached verdicts stand
     suffix = "" if dtype == torch.bfloat16 else f"|{str(dtype).removeprefix('torch.')}"
-    key = f"{machine_key()}|{N}x{K}|margin {MARGIN}{suffix}"
+    # the build's key too: a kernel edited is a kernel to time again
+    key = f"{machine_key()}|{N}x{K}|margin {MARGIN}{suffix}|ops {csrc.build_key()}"
 
     def verdict() -> dict:
         ratios = measure(N, K, dtype)

@@ -274,5 +274,5 @@ def test_float32_has_its_own_small_gemm_verdict(tmp_path, monkeypatch):
     assert seen == [torch.float32]
     import json
     (key,) = json.loads((tmp_path / "small_gemm.json").read_text())
-    assert key.endswith("|64x127|margin 1.1|float32")
+    assert f"|64x127|margin 1.1|float32|ops {csrc.build_key()}" in key
     assert small_gemm.unavailable(torch.float16) == "no small-M kernel for torch.float16"
