@@ -80,7 +80,6 @@ def test_the_packed_layout_is_the_snapshots(n, k):
     {1: 0.7, 2: 0.6, 4: 0.4, 8: 0.4},
     {1: 5.0, 2: 4.9, 4: 4.5, 8: 2.4},
     {1: 1.5, 2: 0.9, 4: 1.2, 8: 1.1},  # a loss at 2 rows: later wins do not count
-    {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.0},  # a tie is not a win
 ])
 def test_the_packages_choice_follows_the_frozen_rule(ratios, monkeypatch, tmp_path):
     from nanoserve import small_gemm
@@ -90,6 +89,21 @@ def test_the_packages_choice_follows_the_frozen_rule(ratios, monkeypatch, tmp_pa
     monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
     assert small_gemm.choose(128, 64) == snap_gemm.small_rows(ratios)
     assert small_gemm.choose(128, 63) == 0  # an odd K never takes the bf16 kernel
+
+
+@pytest.mark.parametrize("ratios,live,frozen", [
+    ({1: 1.0, 2: 2.0, 4: 2.0, 8: 2.0}, 8, 0),  # a tie first: the frozen rule stops, live goes on
+    ({1: 1.3, 2: 1.2, 4: 1.0, 8: 1.3}, 8, 2),  # SmolLM2's float32 gate_up, roughly
+    ({1: 1.05, 2: 1.05, 4: 1.0, 8: 0.95}, 0, 2),  # never a clear win: oneDNN, the default
+])
+def test_the_live_rule_lets_a_tie_pass_and_wants_a_clear_win(ratios, live, frozen, monkeypatch,
+                                                              tmp_path):
+    from nanoserve import small_gemm
+
+    monkeypatch.setattr(small_gemm, "unavailable", lambda dtype=None: None)
+    monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype=None: dict(ratios))
+    monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
+    assert (small_gemm.choose(128, 64), snap_gemm.small_rows(ratios)) == (live, frozen)
 
 
 def test_the_frozen_small_gemm_reference_matches_the_kernel_within_a_step():
