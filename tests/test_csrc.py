@@ -276,3 +276,34 @@ def test_float32_has_its_own_small_gemm_verdict(tmp_path, monkeypatch):
     (key,) = json.loads((tmp_path / "small_gemm.json").read_text())
     assert f"|64x127|margin 1.1|float32|ops {csrc.build_key()}" in key
     assert small_gemm.unavailable(torch.float16) == "no small-M kernel for torch.float16"
+
+
+@SETTINGS
+@given(rows=st.integers(1, 9), vocab=st.integers(1, 300), levels=st.integers(1, 5),
+       specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(
+           [float("nan"), float("inf"), float("-inf"), -0.0])), max_size=4),
+       seed=st.integers(0, 2**16))
+def test_argmax_rows_is_torch_argmax_exactly(rows, vocab, levels, specials, seed):
+    from nanoserve.sampling import greedy
+
+    csrc.load()
+    g = torch.Generator().manual_seed(seed)
+    # few distinct values, so rows tie often: the first maximal index must win, as in torch
+    logits = torch.randint(0, levels, (rows, vocab), generator=g).float()
+    for where, value in specials:  # NaN counts as the largest value, inf and -inf as themselves
+        logits.view(-1)[where % logits.numel()] = value
+    assert torch.equal(greedy(logits), logits.argmax(dim=-1))
+    out = torch.empty(rows, dtype=torch.long)
+    torch.ops.nanoserve.argmax_rows(out, logits)
+    assert torch.equal(out, logits.argmax(dim=-1))
+
+
+def test_greedy_falls_back_to_torch_where_the_op_does_not_apply():
+    from nanoserve.sampling import greedy
+
+    x = torch.randn(3, 40).bfloat16()  # not float32: torch's argmax
+    assert torch.equal(greedy(x), x.argmax(dim=-1))
+    t = torch.randn(40, 3).T  # not contiguous
+    assert torch.equal(greedy(t), t.argmax(dim=-1))
+    with pytest.raises(RuntimeError, match="int64"):
+        torch.ops.nanoserve.argmax_rows(torch.empty(3, dtype=torch.int32), torch.randn(3, 4))

@@ -19,6 +19,8 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
                             const at::Tensor& v_pool, const at::Tensor& block_table,
                             const at::Tensor& context_lens, int64_t block_size, double scale);
 
+void argmax_rows(at::Tensor& out, const at::Tensor& logits);
+
 void apply_token_bitmask(at::Tensor& logits, const at::Tensor& rows, const at::Tensor& words);
 
 bool small_gemm_available();

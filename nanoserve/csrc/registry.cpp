@@ -15,6 +15,7 @@ TORCH_LIBRARY(nanoserve, m) {
         "Tensor(c!) k_pool, Tensor(d!) v_pool, Tensor cells) -> ()");
   m.def("paged_decode_attention(Tensor(a!) out, Tensor q, Tensor k_pool, Tensor v_pool, "
         "Tensor block_table, Tensor context_lens, int block_size, float scale) -> ()");
+  m.def("argmax_rows(Tensor(a!) out, Tensor logits) -> ()");
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor rows, Tensor words) -> ()");
   m.def("small_gemm_available() -> bool");
   m.def("small_gemm_f32_available() -> bool");
@@ -30,6 +31,7 @@ TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
   m.impl("rope_and_cache", &nanoserve::rope_and_cache);
   m.impl("paged_decode_attention", &nanoserve::paged_decode_attention);
   m.impl("apply_token_bitmask", &nanoserve::apply_token_bitmask);
+  m.impl("argmax_rows", &nanoserve::argmax_rows);
   m.impl("pack_small_gemm", &nanoserve::pack_small_gemm);
   m.impl("small_gemm", &nanoserve::small_gemm);
 }
