@@ -84,7 +84,7 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     prepacked, prepack_why = resolve_prepack(cfg.prepack, device, dtype, cfg.compile,
                                              (mc.hidden_size, mc.intermediate_size))
     kernels, kernels_why = resolve_kernels(cfg.kernels, device, dtype)
-    small_gemm = kernels and dtype in (torch.bfloat16, torch.float32)  # where timed faster
+    small_gemm = kernels  # small_gemm.choose times each shape in its dtype, or refuses it
     log.info("prepack=%s: %s (%s)", cfg.prepack, "packed" if prepacked else "plain",
              prepack_why)
     attention = cfg.attention if cfg.attention != "auto" else "cpu" if kernels else "gathered"

@@ -173,7 +173,7 @@ class PackedLinear(nn.Module):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         rows = x.numel() // self.in_features
-        if rows <= self.small_rows and x.dtype == self.small.dtype:
+        if self.small is not None and rows <= self.small_rows and x.dtype == self.small.dtype:
             out = x.new_empty(*x.shape[:-1], self.out_features)
             torch.ops.nanoserve.small_gemm(out.view(rows, -1), x.view(rows, -1), self.small,
                                            self.bias)
@@ -196,9 +196,9 @@ def prepack_model(model: nn.Module, small_gemm: bool = False) -> int:
     chosen: dict[tuple[int, int], int] = {}
 
     def rows_for(weight: torch.Tensor) -> int:
-        if not small_gemm or weight.dtype not in (torch.bfloat16, torch.float32):
+        if not small_gemm:
             return 0
-        if weight.shape not in chosen:
+        if weight.shape not in chosen:  # 0 for a dtype without a kernel (small_gemm.unavailable)
             from .small_gemm import choose
             chosen[weight.shape] = choose(*weight.shape, weight.dtype)
         return chosen[weight.shape]

@@ -78,10 +78,9 @@ def choose(N: int, K: int, dtype: torch.dtype = torch.bfloat16) -> int:
     """The largest row count the small kernel takes (0: none), by the rule above."""
     if (dtype == torch.bfloat16 and K % 2) or unavailable(dtype):
         return 0
-    # bf16 keeps the key it had before float32 joined (Day 54), so its cached verdicts stand
-    suffix = "" if dtype == torch.bfloat16 else f"|{str(dtype).removeprefix('torch.')}"
     # the build's key too: a kernel edited is a kernel to time again
-    key = f"{machine_key()}|{N}x{K}|margin {MARGIN}{suffix}|ops {csrc.build_key()}"
+    key = (f"{machine_key()}|{N}x{K}|margin {MARGIN}|{str(dtype).removeprefix('torch.')}"
+           f"|ops {csrc.build_key()}")
 
     def verdict() -> dict:
         ratios = measure(N, K, dtype)

@@ -193,6 +193,13 @@ def test_the_build_is_cached_per_cpu_and_source():
     assert (csrc.build_dir() / f"nanoserve_ops_{key}" / f"nanoserve_ops_{key}.so").exists()
 
 
+def _small_gemm(w: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x (M, K) @ w (N, K).T + b through the packed small-M kernel, in w's dtype -> (M, N)."""
+    out = torch.empty(x.shape[0], w.shape[0], dtype=w.dtype)
+    torch.ops.nanoserve.small_gemm(out, x, torch.ops.nanoserve.pack_small_gemm(w), b)
+    return out
+
+
 @SETTINGS
 @given(rows=st.integers(1, 12), k_half=st.integers(1, 200), n=st.integers(1, 200),
        bias=st.booleans(), seed=st.integers(0, 2**16))
@@ -204,8 +211,7 @@ def test_small_gemm_matches_a_float32_matmul_rounded_once(rows, k_half, n, bias,
     w = torch.randn(n, K, generator=g).bfloat16()
     x = torch.randn(rows, K, generator=g).bfloat16()
     b = torch.randn(n, generator=g).bfloat16() if bias else None
-    out = torch.empty(rows, n, dtype=torch.bfloat16)
-    torch.ops.nanoserve.small_gemm(out, x, torch.ops.nanoserve.pack_small_gemm(w), b)
+    out = _small_gemm(w, x, b)
     want = x.float() @ w.float().T + (b.float() if bias else 0)
     # float32 sums in another order, then one bf16 rounding: within 2 bf16 steps of the value
     torch.testing.assert_close(out.float(), want, atol=1e-3 * K ** 0.5, rtol=2 ** -7)
@@ -220,8 +226,7 @@ def test_small_gemm_float32_matches_a_float64_matmul(rows, k, n, bias, seed):
     g = torch.Generator().manual_seed(seed)
     w, x = torch.randn(n, k, generator=g), torch.randn(rows, k, generator=g)  # any K, odd too
     b = torch.randn(n, generator=g) if bias else None
-    out = torch.empty(rows, n)
-    torch.ops.nanoserve.small_gemm(out, x, torch.ops.nanoserve.pack_small_gemm(w), b)
+    out = _small_gemm(w, x, b)
     want = x.double() @ w.double().T + (b.double() if bias else 0)
     # float32 sums in another order than F.linear's: within float32 rounding of a K-term sum
     torch.testing.assert_close(out.double(), want, atol=1e-6 * k, rtol=1e-5)

@@ -157,21 +157,23 @@ if HAVE_OPS:
 # %% [markdown]
 # ## 6. The small-M matmul on this machine
 #
-# `build/small_gemm.json` holds each weight shape's verdict, measured once per CPU model,
-# torch version and thread count: oneDNN's time over the small kernel's at 1, 2, 4 and 8
-# rows, and the largest batch the small kernel takes (0: never). Then one shape, timed now.
+# `build/small_gemm.json` holds each weight shape's verdict, measured once per CPU, torch
+# version, thread count, dtype and build of the kernels: oneDNN's time over the small kernel's
+# at 1, 2, 4 and 8 rows, and the largest batch the small kernel takes (0: never). Then one
+# shape, timed now.
 
 # %%
 from nanoserve.small_gemm import cache_path
 
 table = json.loads(cache_path().read_text()) if cache_path().is_file() else {}
 mine = {k: v for k, v in table.items()
-        if k.startswith(f"{csrc.cpu_signature()}|torch {torch.__version__}|")}
+        if k.startswith(f"{csrc.cpu_signature()}|torch {torch.__version__}|")
+        and k.endswith(f"|ops {csrc.build_key()}")}
 for key, row in sorted(mine.items()):
-    threads, shape = key.split("|")[2:4]  # cpu|torch|threads|shape|margin
+    _, _, threads, shape, _, dtype, _ = key.split("|")  # cpu|torch|threads|shape|margin|dtype|ops
     ratios = "  ".join(f"{m} row(s) {r:5.2f}" for m, r in row["onednn_over_small"].items())
     takes = f"up to {row['rows']} rows" if row["rows"] else "never"
-    print(f"{shape:>10s}, {threads}: {ratios}  -> small kernel {takes}")
+    print(f"{shape:>10s} {dtype:>8s}, {threads}: {ratios}  -> small kernel {takes}")
 if not mine:
     print("no choices measured on this machine yet (a bf16 LLM with kernels on measures them)")
 
