@@ -10,10 +10,14 @@
 // parallel, each leaving (max, sum, acc) behind, combined per row at the end.
 //
 // In the engine the pools are cold: between two layers' reads the weights stream through the
-// cache. So a task prefetches the next tile's K and V vectors before it scores the current one,
-// and its inner loops keep accumulators in registers (per head and key while scoring, per head
-// and D-chunk across a tile while weighing V). Day 55's snapshot is the version without these;
-// every sum runs in the same order in both, and their outputs are equal to the bit.
+// cache. So a task locates and prefetches the K and V vectors kAhead tiles before it scores
+// them, and its inner loops keep accumulators in registers (per head and key while scoring, per
+// head and D-chunk across a tile while weighing V). A tile's 16 dot products are summed across
+// lanes together (a tree of shuffles, sum_lanes) rather than one horizontal sum per key, its
+// exponentials take ATen's inline exp_u20 (a polynomial within 20 ulp, by ATen's own comment)
+// rather than a call to Sleef's 1-ulp exp, the online rescale rides on the accumulator's load,
+// and a row of one split writes its output straight from the task. Day 55's snapshot is the version
+// without these: the outputs agree to float32 rounding, no longer to the bit.
 #include <algorithm>
 #include <vector>
 
@@ -25,6 +29,7 @@ namespace {
 
 constexpr int64_t kSplit = 512;  // tokens per split: parallel work for few rows, long contexts
 constexpr int64_t kTile = 16;    // tokens scored before one online-softmax update
+constexpr int64_t kAhead = 2;    // tiles located and prefetched ahead of the one scored
 
 static_assert(kTile % kLanes == 0, "a tile is whole registers of scores");
 constexpr int64_t kMaxGD = 4096;  // G * D floats of query and accumulator kept on the stack
@@ -43,16 +48,15 @@ constexpr int64_t kMaxGD = 4096;  // G * D floats of query and accumulator kept 
     default: { constexpr int NG = 8; __VA_ARGS__; break; } \
   }
 
-// s[g * kTile + t] = q[g] . k[t] for NG heads from q and NT keys: each chunk of a K row is
-// loaded (and widened) once for all the heads that share it, and each chunk of q once for all NT
-// keys. Each (head, key) sum runs over d in order, whatever NT is.
+// p[g * kTile + t] = the lane-wise products q[g] . k[t] summed over D's whole registers, for NG
+// heads and NT keys: each chunk of a K row is loaded (and widened) once for all the heads that
+// share it. The lanes are summed later, a tile at a time (sum_lanes).
 template <int NG, int NT, typename T>
-inline void dots_of(const float* q, const T* const* k, int64_t D, float* s) {
+inline void partials_of(const float* q, const T* const* k, int64_t D, float* p) {
   fVec acc[NT][NG];
   for (int t = 0; t < NT; ++t)
     for (int g = 0; g < NG; ++g) acc[t][g] = fVec(0.f);
-  int64_t d = 0;
-  for (; d + kLanes <= D; d += kLanes) {
+  for (int64_t d = 0; d + kLanes <= D; d += kLanes) {
     fVec kv[NT];
     for (int t = 0; t < NT; ++t) kv[t] = load_f(k[t] + d);
     for (int g = 0; g < NG; ++g) {
@@ -61,40 +65,75 @@ inline void dots_of(const float* q, const T* const* k, int64_t D, float* s) {
     }
   }
   for (int t = 0; t < NT; ++t)
-    for (int g = 0; g < NG; ++g) {
-      float sum = at::vec::vec_reduce_all<float>([](fVec& x, fVec& y) { return x + y; },
-                                                 acc[t][g]);
-      for (int64_t e = d; e < D; ++e) sum += q[g * D + e] * to_f(k[t][e]);
-      s[g * kTile + t] = sum;
-    }
+    for (int g = 0; g < NG; ++g) acc[t][g].store(p + (g * kTile + t) * kLanes);
 }
 
-// Scores of the tile's n keys for all G heads, eight heads at a time; up to four heads, two keys
-// at a time as well (2 x 4 accumulators, two keys and a query chunk fit AVX2's 16 registers).
+// out[t] = the sum of p[t]'s lanes for the kTile registers of one head. With AVX-512 a tree of
+// unpacks and shuffles adds the 16 registers pairwise into one register of 16 sums (45
+// instructions for the tile, where a horizontal sum per key takes about 8 each); elsewhere one
+// horizontal sum per key.
+inline void sum_lanes(const float* p, float* out) {
+#if defined(CPU_CAPABILITY_AVX512)
+  static_assert(kTile == 16 && kLanes == 16, "the tree sums 16 registers of 16 lanes");
+  __m512 y[8], z[4], w[2];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit chunk: pairs of lanes of keys 2i and 2i+1
+    const __m512 a = _mm512_load_ps(p + 2 * i * 16), b = _mm512_load_ps(p + (2 * i + 1) * 16);
+    y[i] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  }
+  for (int i = 0; i < 4; ++i)  // per chunk: its 4 lanes summed, for keys 4i .. 4i+3
+    z[i] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 2; ++i)  // chunks 0+1 and 2+3, for keys 8i .. 8i+7
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(z[2 * i], z[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(z[2 * i], z[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1))));
+#else
+  for (int64_t t = 0; t < kTile; ++t)
+    out[t] = at::vec::vec_reduce_all<float>([](fVec& x, fVec& y) { return x + y; },
+                                            fVec::loadu(p + t * kLanes));
+#endif
+}
+
+// Scores of the tile's n keys for NG heads into s[g * kTile + t]: lane-wise partials two keys at
+// a time up to four heads (2 x 4 accumulators, two keys and a query chunk fit AVX2's 16
+// registers), one key at a time beyond; then each head's lanes summed over the tile at once,
+// and the scalar tail of a head_dim that is not whole registers added per key.
 template <int NG, typename T>
-inline void dots_for(const float* q, const T* const* k, int64_t n, int64_t D, float* s) {
-  int64_t j = 0;
+inline void scores_for(const float* q, const T* const* k, int64_t n, int64_t D, float* s) {
+  alignas(64) float p[NG * kTile * kLanes];  // (head, key, lane); not a Vectorized array,
+  int64_t j = 0;                               // whose constructor would zero it per tile
   if constexpr (NG <= 4)
-    for (; j + 2 <= n; j += 2) dots_of<NG, 2>(q, k + j, D, s + j);
-  for (; j < n; ++j) dots_of<NG, 1>(q, k + j, D, s + j);
+    for (; j + 2 <= n; j += 2) partials_of<NG, 2>(q, k + j, D, p + j * kLanes);
+  for (; j < n; ++j) partials_of<NG, 1>(q, k + j, D, p + j * kLanes);
+  for (int g = 0; g < NG; ++g) {
+    for (int64_t t = n; t < kTile; ++t) fVec(0.f).store(p + (g * kTile + t) * kLanes);
+    sum_lanes(p + g * kTile * kLanes, s + g * kTile);
+  }
+  const int64_t d0 = D / kLanes * kLanes;
+  if (d0 < D)
+    for (int g = 0; g < NG; ++g)
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t e = d0; e < D; ++e) s[g * kTile + t] += q[g * D + e] * to_f(k[t][e]);
 }
 
 template <typename T>
-inline void dots(const float* q, const T* const* k, int64_t n, int64_t G, int64_t D, float* s) {
+inline void scores(const float* q, const T* const* k, int64_t n, int64_t G, int64_t D,
+                   float* s) {
   for (int64_t g0 = 0; g0 < G; g0 += 8)
     NANOSERVE_HEADS(std::min<int64_t>(8, G - g0),
-                    dots_for<NG>(q + g0 * D, k, n, D, s + g0 * kTile))
+                    scores_for<NG>(q + g0 * D, k, n, D, s + g0 * kTile))
 }
 
-// acc[g] += sum over j < n of w[g][j] * v[j] for NG heads, on the D-chunk at d: the heads'
-// accumulators stay in registers across the tile's tokens, so acc is read and written once a
-// tile rather than once a token, and each V chunk is loaded once for all the heads. The sum
-// runs over j in order, as a token-at-a-time loop would: the result is the same to the bit.
+// acc[g] = acc[g] * alpha[g] + sum over j < n of w[g][j] * v[j] for NG heads, on the D-chunk
+// at d: the online softmax's rescale of the old accumulator is folded into its load, and the
+// heads' accumulators stay in registers across the tile's tokens, so acc is read and written
+// once a tile rather than once a token, and each V chunk is loaded once for all the heads.
 template <int NG, typename T>
-inline void weigh_chunk(const T* const* vrows, int64_t n, const float* w, int64_t D, int64_t d,
-                        float* acc) {
+inline void weigh_chunk(const T* const* vrows, int64_t n, const float* w, const float* alpha,
+                        int64_t D, int64_t d, float* acc) {
   fVec a[NG];
-  for (int g = 0; g < NG; ++g) a[g] = fVec::loadu(acc + g * D + d);
+  for (int g = 0; g < NG; ++g) a[g] = fVec::loadu(acc + g * D + d) * fVec(alpha[g]);
   for (int64_t j = 0; j < n; ++j) {
     const fVec vv = load_f(vrows[j] + d);
     for (int g = 0; g < NG; ++g) a[g] = at::vec::fmadd(fVec(w[g * kTile + j]), vv, a[g]);
@@ -103,16 +142,31 @@ inline void weigh_chunk(const T* const* vrows, int64_t n, const float* w, int64_
 }
 
 template <typename T>
-inline void weigh_values(const T* const* vrows, int64_t n, const float* w, int64_t G, int64_t D,
-                         float* acc) {
+inline void weigh_values(const T* const* vrows, int64_t n, const float* w, const float* alpha,
+                         int64_t G, int64_t D, float* acc) {
   int64_t d = 0;
   for (; d + kLanes <= D; d += kLanes)
     for (int64_t g0 = 0; g0 < G; g0 += 8)
       NANOSERVE_HEADS(std::min<int64_t>(8, G - g0),
-                      weigh_chunk<NG>(vrows, n, w + g0 * kTile, D, d, acc + g0 * D))
+                      weigh_chunk<NG>(vrows, n, w + g0 * kTile, alpha + g0, D, d, acc + g0 * D))
   for (; d < D; ++d)  // the tail of a head_dim that is not whole registers
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t j = 0; j < n; ++j) acc[g * D + d] += w[g * kTile + j] * to_f(vrows[j][d]);
+    for (int64_t g = 0; g < G; ++g) {
+      float a = acc[g * D + d] * alpha[g];
+      for (int64_t j = 0; j < n; ++j) a += w[g * kTile + j] * to_f(vrows[j][d]);
+      acc[g * D + d] = a;
+    }
+}
+
+// The larger of each lane pair: vmaxps where the ISA has it (a NaN in b gives b, one in a gives
+// b), at::vec's NaN-propagating maximum elsewhere.
+inline fVec max_of(fVec a, fVec b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_max_ps(a, b);
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_max_ps(a, b);
+#else
+  return at::vec::maximum(a, b);
+#endif
 }
 
 // One task: row b, KV head h, tokens [t0, t1). Leaves m (G), l (G), acc (G, D).
@@ -122,14 +176,17 @@ void attend_split(const T* q, const T* kpool, const T* vpool, const int64_t* blo
                   int64_t t1, float scale, float* m, float* l, float* acc) {
   alignas(64) float qf[kMaxGD];
   alignas(64) float s[8 * kTile * 8];  // G <= 64 heads per KV head, checked by the caller
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(q[g * D + d]) * scale;
+  float alpha[64];                     // each head's rescale of its accumulator, per tile
+  int64_t i = 0;
+  for (const fVec sv(scale); i + kLanes <= G * D; i += kLanes)
+    (load_f(q + i) * sv).store(qf + i);
+  for (; i < G * D; ++i) qf[i] = to_f(q[i]) * scale;
   for (int64_t g = 0; g < G; ++g) m[g] = -INFINITY, l[g] = 0.f;
   std::fill(acc, acc + G * D, 0.f);
-  // Where tile t's K and V vectors lie, and a prefetch of each: the tile after the current one
-  // is located before the current one is scored, so its cache misses (between layers the
-  // weights have pushed the pools out of cache) overlap this tile's arithmetic.
-  const T* rows[2][2][kTile];  // [buffer][K or V][token of the tile]
+  // Where tile t's K and V vectors lie, and a prefetch of each: the tile kAhead after the
+  // current one is located before the current one is scored, so its cache misses (between
+  // layers the weights have pushed the pools out of cache) overlap arithmetic.
+  const T* rows[kAhead + 1][2][kTile];  // [tile mod kAhead + 1][K or V][token of the tile]
   auto locate = [&](int64_t t, const T** kr, const T** vr) {
     const int64_t n = std::min(kTile, t1 - t);
     int64_t blk = t / bs, off = t % bs;  // token t's place, stepped on without a division
@@ -144,34 +201,36 @@ void attend_split(const T* q, const T* kpool, const T* vpool, const int64_t* blo
       if (++off == bs) off = 0, ++blk;
     }
   };
-  locate(t0, rows[0][0], rows[0][1]);
-  for (int64_t t = t0, cur = 0; t < t1; t += kTile, cur ^= 1) {
-    const int64_t n = std::min(kTile, t1 - t);
-    if (t + kTile < t1) locate(t + kTile, rows[cur ^ 1][0], rows[cur ^ 1][1]);
+  for (int64_t i = 0; i < kAhead && t0 + i * kTile < t1; ++i)
+    locate(t0 + i * kTile, rows[i][0], rows[i][1]);
+  for (int64_t t = t0, cur = 0; t < t1; t += kTile, cur = cur == kAhead ? 0 : cur + 1) {
+    const int64_t n = std::min(kTile, t1 - t), next = t + kAhead * kTile;
+    if (next < t1) {
+      const int64_t slot = cur == 0 ? kAhead : cur - 1;  // the tile before this one: done
+      locate(next, rows[slot][0], rows[slot][1]);
+    }
     const T* const* krows = rows[cur][0];
     const T* const* vrows = rows[cur][1];
-    dots(qf, krows, n, G, D, s);
-    for (int64_t g = 0; g < G; ++g) {  // online softmax: new max, rescale, weights in place
+    scores(qf, krows, n, G, D, s);
+    for (int64_t g = 0; g < G; ++g) {  // online softmax: new max, weights in place, rescale
       float* sg = s + g * kTile;
-      float mx = m[g];
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sg[j]);
       for (int64_t j = n; j < kTile; ++j) sg[j] = -INFINITY;  // a short last tile weighs 0
-      const fVec mv(mx);
-      float sum = 0.f;
+      fVec mv(m[g]);  // the max ignores a NaN score, whose exp below still carries it
+      for (int64_t j = 0; j < kTile; j += kLanes) mv = max_of(mv, fVec::loadu(sg + j));
+      const float mx = at::vec::vec_reduce_all<float>(max_of, mv);
+      mv = fVec(mx);
+      fVec sum(0.f);
       for (int64_t j = 0; j < kTile; j += kLanes) {
-        const fVec w = (fVec::loadu(sg + j) - mv).exp();
+        const fVec w = (fVec::loadu(sg + j) - mv).exp_u20();
         w.store(sg + j);
-        sum += at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, w);
+        sum = sum + w;
       }
-      const float alpha = std::exp(m[g] - mx);
-      l[g] = l[g] * alpha + sum;
+      alpha[g] = std::exp(m[g] - mx);
+      l[g] = l[g] * alpha[g] +
+             at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, sum);
       m[g] = mx;
-      if (alpha != 1.f) {
-        float* a = acc + g * D;
-        for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
-      }
     }
-    weigh_values(vrows, n, s, G, D, acc);
+    weigh_values(vrows, n, s, alpha, G, D, acc);
   }
 }
 
@@ -218,8 +277,9 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
                   ", outside the pool");
     splits = std::max(splits, (lens[b] + kSplit - 1) / kSplit);
   }
-  // Partial results per (row, KV head, split): max and sum per query head, then G x D.
-  std::vector<float> part((size_t)B * Hkv * splits * G * (D + 2));
+  // Partial results per (row, KV head, split): max and sum per query head, then G x D. A row
+  // of one split needs none: its task divides and writes the output itself.
+  std::vector<float> part(splits > 1 ? (size_t)B * Hkv * splits * G * (D + 2) : 0);
   const int64_t stride = G * (D + 2);
   NANOSERVE_DISPATCH(dt, "paged_decode_attention", [&] {
     const scalar_t* qp = q.data_ptr<scalar_t>();
@@ -227,19 +287,29 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
     const scalar_t* vp = v_pool.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, B * Hkv * splits, 1, [&](int64_t lo, int64_t hi) {
+      alignas(64) float own[kMaxGD + 128];  // m, l, acc of a row that has one split
       for (int64_t task = lo; task < hi; ++task) {
         const int64_t b = task / (Hkv * splits), h = task / splits % Hkv, sp = task % splits;
         const int64_t t0 = sp * kSplit, t1 = std::min(lens[b], t0 + kSplit);
         if (t0 >= t1) continue;
-        float* base = part.data() + task * stride;
+        const bool alone = lens[b] <= kSplit;
+        float* base = alone ? own : part.data() + task * stride;
         attend_split(qp + (b * Hq + h * G) * D, kp, vp, bt + b * W, block_size, Hkv, G, D, h,
                      t0, t1, (float)scale, base, base + G, base + 2 * G);
+        if (alone)
+          for (int64_t g = 0; g < G; ++g) {
+            const float* a = base + 2 * G + g * D;
+            scalar_t* dst = op + (b * Hq + h * G + g) * D;
+            for (int64_t d = 0; d < D; ++d) dst[d] = from_f<scalar_t>(a[d] / base[G + g]);
+          }
       }
     });
+    if (splits == 1) return;
     at::parallel_for(0, B * Hkv, 1, [&](int64_t lo, int64_t hi) {
       std::vector<float> o(D);
       for (int64_t bh = lo; bh < hi; ++bh) {
         const int64_t b = bh / Hkv, h = bh % Hkv, used = (lens[b] + kSplit - 1) / kSplit;
+        if (used == 1) continue;  // written by its task
         for (int64_t g = 0; g < G; ++g) {
           float M = -INFINITY, L = 0.f;
           for (int64_t sp = 0; sp < used; ++sp) M = std::max(M, part[(bh * splits + sp) * stride + g]);
