@@ -116,6 +116,7 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
         model = load_model(cfg.model, dtype, cfg.device)
         if prepacked:
             prepack_model(model, small_gemm=small_gemm)
+            log.info("small-M weights on huge pages: %s", model.huge_pages)
         if kernels:  # Llama.forward goes through fused.py
             from .fused import fused_forward
             model.fused_forward = fused_forward

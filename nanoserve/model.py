@@ -159,6 +159,7 @@ class Llama(nn.Module):
             cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.packed_head = None  # the LM head's weight packed for oneDNN (nanoserve/prepack.py)
+        self.huge_pages = "weights not packed"  # where the small-M copies live (huge_pages.py)
         # The loader sets this to fused.fused_forward where the C++ CPU ops are on; forward
         # then hands itself over (this module never imports the fused one).
         self.fused_forward = None

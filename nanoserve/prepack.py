@@ -214,4 +214,16 @@ def prepack_model(model: nn.Module, small_gemm: bool = False) -> int:
     head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
     model.packed_head = PackedLinear(head, None, small_rows=rows_for(head))  # tied: the
     model.small_gemm_rows = {f"{n}x{k}": r for (n, k), r in chosen.items()}  # embedding keeps
-    return count + 1  # its own copy
+    _small_on_huge_pages(model)                                              # its own copy
+    return count + 1
+
+
+def _small_on_huge_pages(model: nn.Module) -> None:
+    """Move every small-M copy into one mapping on 2 MiB pages (``huge_pages``), which the
+    decode step streams; ``model.huge_pages`` says what the kernel granted, or why not."""
+    from .huge_pages import place
+
+    owners = [m for m in model.modules() if isinstance(m, PackedLinear) and m.small is not None]
+    views, model.huge_pages = place([m.small for m in owners])
+    for m, view in zip(owners, views, strict=True):
+        m.small = view

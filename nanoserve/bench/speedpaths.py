@@ -15,6 +15,7 @@ absolute times drift by a factor of several within minutes.
     python -m nanoserve.bench.speedpaths decode --arms packed plain --threads 1
     python -m nanoserve.bench.speedpaths linear --rows 8 --threads 1   # packed weights, one call
     python -m nanoserve.bench.speedpaths profile --dtype bfloat16     # top ops, before/after
+    python -m nanoserve.bench.speedpaths pages --dtype bfloat16       # 2 MiB vs 4 KiB pages
 
 ``decode`` uses random weights in SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV
 heads, intermediate 1536, vocab 49152, tied), written by transformers (a test dependency), 32
@@ -202,10 +203,55 @@ def profile(dtype: str, steps: int, top: int) -> None:
             print(f"    {op:40s} {us / total:6.1%}  {calls[op] // steps:5d} calls a step")
 
 
+def pages(dtype: str, pairs: int) -> None:
+    """One thread, 8 rows: the decode step's small-M linears of the SmolLM2-135M shape (every
+    layer's own weights, then the LM head) streamed from their copies on 2 MiB pages (the
+    default, ``huge_pages.py``) and from plain clones on 4 KiB pages, alternately, ``pairs``
+    times; the median of the paired ratios, with the 10th and 90th percentiles."""
+    from nanoserve import LLM
+    from nanoserve.bench.shapes import shape_checkpoint
+    from nanoserve.prepack import PackedLinear
+
+    torch.set_num_threads(1)
+    llm = LLM(str(shape_checkpoint("smollm2-135m")), dtype=dtype, skip_tokenizer_init=True,
+              max_num_seqs=8, max_model_len=512)
+    owners = [m for m in llm.model.modules() if isinstance(m, PackedLinear) and m.small is not None]
+    if not owners:
+        print(f"pages: no small-M weights here ({llm.kernels_reason}; {llm.prepack_reason})")
+        return
+    huge = [m.small for m in owners]
+    plain = [t.clone() for t in huge]  # torch's allocator: 64-byte aligned, no advice
+    xs = [torch.randn(8, m.in_features, dtype=llm.dtype) for m in owners]
+    outs = [torch.empty(8, m.out_features, dtype=llm.dtype) for m in owners]
+
+    def stream(weights) -> float:
+        t = time.perf_counter()
+        for m, w, x, out in zip(owners, weights, xs, outs, strict=True):
+            torch.ops.nanoserve.small_gemm(out, x, w, m.bias)
+        return time.perf_counter() - t
+
+    stream(huge), stream(plain)
+    times = {"huge": [], "plain": []}
+    for i in range(pairs):
+        for arm in ("huge", "plain") if i % 2 else ("plain", "huge"):
+            times[arm].append(stream(huge if arm == "huge" else plain))
+    ratios = sorted(p / h for p, h in zip(times["plain"], times["huge"], strict=True))
+    total = sum(t.numel() * t.element_size() for t in huge)
+    print(f"pages, SmolLM2-135M shape (random), {dtype}, 8 rows, one thread, {len(owners)} "
+          f"small-M linears a step ({total / 1e6:.1f} MB), {pairs} alternating pairs:")
+    print(f"  {llm.model.huge_pages}")
+    for arm in ("plain", "huge"):
+        med = statistics.median(times[arm])
+        print(f"  {arm:5s} pages: median {med * 1e3:.2f} ms a step, {total / med / 1e9:.1f} GB/s")
+    print(f"  4 KiB / 2 MiB time, paired: median {statistics.median(ratios):.3f}x "
+          f"(10th percentile {ratios[len(ratios) // 10]:.3f}x, 90th "
+          f"{ratios[len(ratios) * 9 // 10]:.3f}x)")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m nanoserve.bench.speedpaths")
     p.add_argument("what", choices=["positions", "workspace", "bf16", "decode", "linear",
-                                    "profile"])
+                                    "profile", "pages"])
     p.add_argument("--arms", nargs=2, default=["gathered", "reference"],
                    help="two of: gathered, reference, compile, packed, plain")
     p.add_argument("--rows", type=int, default=8, help="linear: rows per call")
@@ -214,6 +260,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--ragged", action="store_true", help="one long request among short ones")
     p.add_argument("--top", type=int, default=10, help="profile: ops listed per arm")
+    p.add_argument("--pairs", type=int, default=100, help="pages: alternating pairs timed")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -221,6 +268,8 @@ def main(argv=None) -> None:
         linear(a.rows, a.dtype)
     elif a.what == "profile":
         profile(a.dtype, a.steps, a.top)
+    elif a.what == "pages":
+        pages(a.dtype, a.pairs)
     elif a.what == "decode":
         decode(a.arms, a.dtype, a.steps, a.ragged)
     else:
