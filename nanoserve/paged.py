@@ -34,6 +34,7 @@ from .attention import (
     paged_attention_gathered,
 )
 from .config import ATTENTION_PATHS
+from .cpu_prefill import attend_prompts, token_tables
 from .gathered import GatheredIndex
 
 
@@ -117,6 +118,7 @@ class StepLayout:
     ctx: list[int] | None = None  # each row's context after it (host copy of context_lens)
     gathered: tuple[torch.Tensor, torch.Tensor] | None = None  # (cells (n, C), chunk_b (n,))
     blocks: torch.Tensor | None = None  # (B, W) block ids per row: the Triton kernel's decode
+    prompt_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # cpu_prefill, once a step
 
 
 class BatchedPagedKVCache:
@@ -302,6 +304,8 @@ class BatchedPagedKVCache:
         kp, vp = self.k[layer], self.v[layer]
         if step.packed_lens is not None:
             if step.read_cells is None:  # every prompt starts at 0: its keys are the new ones
+                if self.attention == "cpu":  # each token a decode row over its prefix
+                    return attend_prompts(q, kp, vp, *self._prompt_tables(step), self.block_size)
                 return packed_prefill_attention(q, k, v, step.packed_lens)
             return self._attend_mixed(q, k, v, kp, vp, positions, step)
         if step.blocks is not None and self.attention == "cpu":
@@ -330,8 +334,13 @@ class BatchedPagedKVCache:
                 while e < B and starts[e] == 0:
                     e += 1
                 n = sum(lens[b:e])
-                out[:, :, s:s + n] = packed_prefill_attention(
-                    q[:, :, s:s + n], k[:, :, s:s + n], v[:, :, s:s + n], lens[b:e])
+                if self.attention == "cpu":
+                    tables, ctx = self._prompt_tables(step)
+                    out[:, :, s:s + n] = attend_prompts(q[:, :, s:s + n], kp, vp, tables[s:s + n],
+                                                        ctx[s:s + n], self.block_size)
+                else:
+                    out[:, :, s:s + n] = packed_prefill_attention(
+                        q[:, :, s:s + n], k[:, :, s:s + n], v[:, :, s:s + n], lens[b:e])
             elif lens[b] == 1:  # one token per row: one (m, Hq, 1, D) batched read
                 while e < B and lens[e] == 1 and starts[e] > 0:
                     e += 1
@@ -355,6 +364,14 @@ class BatchedPagedKVCache:
             s += n
             b = e
         return out
+
+    def _prompt_tables(self, step: StepLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each packed token's block table and context for ``cpu_prefill``: the same for every
+        layer, so built at the first layer's read and kept on the step."""
+        if step.prompt_tables is None:
+            step.prompt_tables = token_tables(step.write_flat, step.packed_lens,
+                                              [s == 0 for s in step.starts], self.block_size)
+        return step.prompt_tables
 
     def _cpu_decode(self, q, kp, vp, blocks, context_lens) -> torch.Tensor:
         """q (B, Hq, 1, D) through the C++ kernel (csrc/decode_attention.cpp) -> (B, Hq, 1, D)."""

@@ -16,6 +16,7 @@ absolute times drift by a factor of several within minutes.
     python -m nanoserve.bench.speedpaths linear --rows 8 --threads 1   # packed weights, one call
     python -m nanoserve.bench.speedpaths profile --dtype bfloat16     # top ops, before/after
     python -m nanoserve.bench.speedpaths pages --dtype bfloat16       # 2 MiB vs 4 KiB pages
+    python -m nanoserve.bench.speedpaths prefill --dtype bfloat16     # prompts: kernel vs SDPA
 
 ``decode`` uses random weights in SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV
 heads, intermediate 1536, vocab 49152, tied), written by transformers (a test dependency), 32
@@ -248,10 +249,60 @@ def pages(dtype: str, pairs: int) -> None:
           f"{ratios[len(ratios) * 9 // 10]:.3f}x)")
 
 
+def prefill(dtype: str, pairs: int) -> None:
+    """One thread: one prompt's causal attention, SmolLM2-135M's heads (9 over 3 KV heads of
+    64), as ``packed_prefill_attention`` runs it (SDPA on views of the qkv output) and through
+    the decode kernel (``cpu_prefill``, K/V in the pool's scattered blocks), alternately."""
+    import torch.nn.functional as F
+
+    from nanoserve import csrc
+    from nanoserve.attention import packed_prefill_attention
+    from nanoserve.cpu_prefill import attend_prompts, token_tables
+
+    why = csrc.load()
+    if why:
+        print(f"prefill: the C++ ops are unavailable: {why}")
+        return
+    torch.set_num_threads(1)
+    dt, (Hq, Hkv, D), bs = getattr(torch, dtype), (9, 3, 64), 16
+    g = torch.Generator().manual_seed(55)
+    print(f"prefill, {dtype}, one thread, {Hq} query heads over {Hkv} KV heads of {D}, block "
+          f"size {bs}, {pairs} alternating pairs (us per prompt per layer):")
+    for T in (32, 104, 192):
+        qkv = torch.randn(1, T, (Hq + 2 * Hkv) * D, generator=g).to(dt)  # (1, T, (Hq+2Hkv) D)
+        q, k, v = (qkv[..., a * D:b * D].view(1, T, b - a, D).transpose(1, 2)
+                   for a, b in ((0, Hq), (Hq, Hq + Hkv), (Hq + Hkv, Hq + 2 * Hkv)))
+        blocks = torch.randperm(64, generator=g)[:-(-T // bs)]  # scattered, as the pool's are
+        cells = (blocks[:, None] * bs + torch.arange(bs)).reshape(-1)[:T]
+        kp, vp = torch.zeros(64 * bs, Hkv, D, dtype=dt), torch.zeros(64 * bs, Hkv, D, dtype=dt)
+        kp[cells], vp[cells] = k[0].transpose(0, 1), v[0].transpose(0, 1)
+        tables, ctx = token_tables(cells, [T], [True], bs)
+        arms = {"sdpa": lambda q=q, k=k, v=v, T=T: packed_prefill_attention(q, k, v, [T]),
+                "kernel": lambda q=q, kp=kp, vp=vp, tables=tables, ctx=ctx:
+                    attend_prompts(q, kp, vp, tables, ctx, bs)}
+        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True,
+                                              enable_gqa=True)
+        err = {a: (f().double() - want).abs().max().item() for a, f in arms.items()}
+        times = {a: [] for a in arms}
+        for i in range(pairs):
+            for a in (("sdpa", "kernel") if i % 2 else ("kernel", "sdpa")):
+                t = time.perf_counter()
+                arms[a]()
+                times[a].append(time.perf_counter() - t)
+        ratio = statistics.median(s / k for s, k in zip(times["sdpa"], times["kernel"],
+                                                        strict=True))
+        flops = T * T * Hq * D * 2  # causal: half of T^2 (q.k and p.v, 2 flops each)
+        med = {a: statistics.median(t) for a, t in times.items()}
+        print(f"  {T:4d} tokens: sdpa {med['sdpa'] * 1e6:7.0f} ({flops / med['sdpa'] / 1e9:3.0f} "
+              f"GFLOP/s)  kernel {med['kernel'] * 1e6:7.0f} ({flops / med['kernel'] / 1e9:3.0f} "
+              f"GFLOP/s)  sdpa/kernel {ratio:.2f}x paired; max error against float64: sdpa "
+              f"{err['sdpa']:.1e}, kernel {err['kernel']:.1e}")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m nanoserve.bench.speedpaths")
     p.add_argument("what", choices=["positions", "workspace", "bf16", "decode", "linear",
-                                    "profile", "pages"])
+                                    "profile", "pages", "prefill"])
     p.add_argument("--arms", nargs=2, default=["gathered", "reference"],
                    help="two of: gathered, reference, compile, packed, plain")
     p.add_argument("--rows", type=int, default=8, help="linear: rows per call")
@@ -260,7 +311,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--ragged", action="store_true", help="one long request among short ones")
     p.add_argument("--top", type=int, default=10, help="profile: ops listed per arm")
-    p.add_argument("--pairs", type=int, default=100, help="pages: alternating pairs timed")
+    p.add_argument("--pairs", type=int, default=100,
+                   help="pages, prefill: alternating pairs timed")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -270,6 +322,8 @@ def main(argv=None) -> None:
         profile(a.dtype, a.steps, a.top)
     elif a.what == "pages":
         pages(a.dtype, a.pairs)
+    elif a.what == "prefill":
+        prefill(a.dtype, a.pairs)
     elif a.what == "decode":
         decode(a.arms, a.dtype, a.steps, a.ragged)
     else:

@@ -117,8 +117,9 @@ class EngineConfig:
     prefill: str = option("packed", "packed: the prompts as one stream; padded: Day 27's "
                           "rectangle", choices=PREFILL_POLICIES)
     attention: str = option("auto", "the decode read: Day 28's rectangle, Day 50's gathered "
-                            "mapping, the Triton kernel or the C++ CPU kernel (Day 55); auto: "
-                            "cpu where the C++ ops are on, else gathered",
+                            "mapping, the Triton kernel or the C++ CPU kernel (Day 55; it reads "
+                            "fresh prompts too); auto: cpu where the C++ ops are on, else "
+                            "gathered",
                             choices=ATTENTION_CHOICES)
     kernels: bool | str = option("auto", "the C++ CPU ops (Days 54-55): fused norm, RoPE with "
                                  "the cache write, SiLU-and-multiply; auto: on a CPU where they "
