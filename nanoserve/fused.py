@@ -11,7 +11,10 @@ decode sizes. This forward keeps every matmul (plain or packed) and replaces the
   where a step's tokens go (``write_cells()``) and then read without writing again
   (``attend_written``); other backends (Day 7's cache, graph windows, the compiled decode's
   opaque one) get rotated q, k, v and write them themselves;
-- SiLU-and-multiply writes the MLP's product straight into one buffer.
+- SiLU-and-multiply writes the MLP's product straight into one buffer;
+- at decode size, where every linear takes the small-M kernel and the cache reads through the C++
+  kernel, the whole layer loop is one op (``decode_layers``, csrc/decode_layers.cpp): the same
+  calls in the same order, without the interpreter between them, so the same bits.
 
 float32 results differ from the reference only where a sum is taken in another order (the
 norm's sum of squares, the attention's dot products), so greedy tokens match. bf16 rounds at the
@@ -58,6 +61,53 @@ def _mlp(mlp, h):
     return mlp.down_proj(act)
 
 
+def _layer_weights(model) -> dict | None:
+    """Each layer's norms and small-M copies as ``decode_layers`` takes them, built once per
+    model, and the largest batch every linear sends to the small-M kernel; None where some linear
+    does not take it (not packed, oneDNN chosen for its shape, a tensor-parallel wrapper)."""
+    if not hasattr(model, "_decode_layers"):
+        from .prepack import PackedLinear
+
+        lists: dict = {k: [] for k in ("norm1", "norm2", "qkv_w", "qkv_b", "o_w", "o_b",
+                                       "gate_up_w", "gate_up_b", "down_w", "down_b")}
+        rows = []
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj,
+                       "down": mlp.down_proj}
+            if not all(type(m) is PackedLinear and m.small is not None for m in linears.values()):
+                model._decode_layers = None
+                return None
+            for name, m in linears.items():
+                lists[f"{name}_w"].append(m.small)
+                lists[f"{name}_b"].append(m.bias)
+                rows.append(m.small_rows)
+            lists["norm1"].append(layer.input_layernorm.weight)
+            lists["norm2"].append(layer.post_attention_layernorm.weight)
+        model._decode_layers = {"lists": lists, "rows": min(rows, default=0),
+                                "dtype": lists["qkv_w"][0].dtype if rows else None}
+    return model._decode_layers
+
+
+def _decode_layers(model, residual, cos, sin, backend, cells) -> torch.Tensor | None:
+    """The layer loop as one op for a decode step that qualifies (``decode_layers``); None
+    where fused_forward's own loop must run."""
+    B, T, E = residual.shape
+    if T != 1 or cells is None or torch.compiler.is_compiling():
+        return None
+    read = backend.kernel_decode() if hasattr(backend, "kernel_decode") else None
+    weights = _layer_weights(model) if read is not None else None
+    if weights is None or B > weights["rows"] or residual.dtype != weights["dtype"]:
+        return None
+    cfg, (blocks, context_lens) = model.cfg, read
+    attn = model.layers[0].self_attn
+    h, res = torch.empty(B, E, dtype=residual.dtype), residual.view(B, E)
+    ops.decode_layers(h, res, *weights["lists"].values(), cos, sin, backend.k, backend.v,
+                      cells, blocks, context_lens, backend.block_size, attn.hq, attn.hkv,
+                      model.layers[0].mlp.i, cfg.rms_norm_eps, attn.d ** -0.5)
+    return h.view(B, T, E)
+
+
 def fused_forward(model, input_ids: torch.Tensor, positions: torch.Tensor,
                   backend=None) -> torch.Tensor:
     """input_ids, positions (B, T) -> hidden (B, T, E), as ``Llama.forward`` computes it."""
@@ -74,6 +124,10 @@ def fused_forward(model, input_ids: torch.Tensor, positions: torch.Tensor,
         nowhere = (residual.new_empty(0, Hkv, D),
                    torch.full((B * T,), -1, dtype=torch.long, device=residual.device))
     eps = model.cfg.rms_norm_eps
+    h = _decode_layers(model, residual, cos, sin, backend, cells)
+    if h is not None:
+        ops.fused_add_rms_norm(h, residual, model.norm.weight, eps)
+        return h
     h = torch.empty_like(residual)
     for i, layer in enumerate(model.layers):
         if i == 0:

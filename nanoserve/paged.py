@@ -292,6 +292,15 @@ class BatchedPagedKVCache:
         self.v[layer].index_copy_(0, step.write_flat, new_v)
         return self.attend_written(layer, q, k, v, positions)
 
+    def kernel_decode(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(block table (B, W), context lens (B,)) when this step is a decode read through the C++
+        kernel (``attention="cpu"``, one new token per row), else None: what ``decode_layers``
+        needs to run the step's attention itself."""
+        step = self._step
+        if self.attention != "cpu" or step is None or step.blocks is None:
+            return None
+        return step.blocks, step.context_lens
+
     def write_cells(self) -> torch.Tensor:
         """(B*T,) the pool cell of every token of this step's forward, in its stream order, -1
         for padding: where a caller that writes K/V itself (``fused.py``) puts them."""

@@ -17,6 +17,7 @@ absolute times drift by a factor of several within minutes.
     python -m nanoserve.bench.speedpaths profile --dtype bfloat16     # top ops, before/after
     python -m nanoserve.bench.speedpaths pages --dtype bfloat16       # 2 MiB vs 4 KiB pages
     python -m nanoserve.bench.speedpaths prefill --dtype bfloat16     # prompts: kernel vs SDPA
+    python -m nanoserve.bench.speedpaths layers --dtype bfloat16      # decode_layers vs Python
 
 ``decode`` uses random weights in SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV
 heads, intermediate 1536, vocab 49152, tied), written by transformers (a test dependency), 32
@@ -299,10 +300,49 @@ def prefill(dtype: str, pairs: int) -> None:
               f"{err['sdpa']:.1e}, kernel {err['kernel']:.1e}")
 
 
+def layers(dtype: str, pairs: int) -> None:
+    """One thread, 8 rows of the SmolLM2-135M shape decoding (prompts of 40 to 96 tokens): whole
+    engine steps with the layer loop as one C++ op (``decode_layers``) and with fused.py's
+    Python loop, alternately, ``pairs`` times; the median step of each and of their ratio."""
+    from nanoserve import LLM, SamplingParams, fused
+    from nanoserve.bench.shapes import shape_checkpoint
+
+    torch.set_num_threads(1)
+    llm = LLM(str(shape_checkpoint("smollm2-135m")), dtype=dtype, skip_tokenizer_init=True,
+              max_num_seqs=8, max_model_len=512)
+    if fused._layer_weights(llm.model) is None:
+        print(f"layers: the loop does not qualify here ({llm.kernels_reason}; "
+              f"{llm.prepack_reason}; small-M rows {llm.model.small_gemm_rows})")
+        return
+    g = torch.Generator().manual_seed(49)
+    params = SamplingParams(temperature=0, max_tokens=2 * pairs + 8, ignore_eos=True)
+    for i in range(8):
+        prompt = torch.randint(2, 49000, (40 + 8 * i,), generator=g).tolist()
+        llm.core.add(llm.core.make_request(f"r{i}", prompt, params))
+    real, times = fused._decode_layers, {"op": [], "python": []}
+    try:
+        with torch.inference_mode():
+            llm.core.step()  # the prefill
+            llm.core.step()
+            for i in range(pairs):
+                for arm in ("op", "python") if i % 2 else ("python", "op"):
+                    fused._decode_layers = real if arm == "op" else (lambda *a: None)
+                    t = time.perf_counter()
+                    llm.core.step()
+                    times[arm].append(time.perf_counter() - t)
+    finally:
+        fused._decode_layers = real
+    ratio = statistics.median(p / o for p, o in zip(times["python"], times["op"], strict=True))
+    print(f"layers, SmolLM2-135M shape (random), {dtype}, 8 rows, one thread, {pairs} "
+          f"alternating pairs of decode steps: Python loop "
+          f"{statistics.median(times['python']) * 1e3:.2f} ms, decode_layers "
+          f"{statistics.median(times['op']) * 1e3:.2f} ms a step; python/op {ratio:.3f}x paired")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m nanoserve.bench.speedpaths")
     p.add_argument("what", choices=["positions", "workspace", "bf16", "decode", "linear",
-                                    "profile", "pages", "prefill"])
+                                    "profile", "pages", "prefill", "layers"])
     p.add_argument("--arms", nargs=2, default=["gathered", "reference"],
                    help="two of: gathered, reference, compile, packed, plain")
     p.add_argument("--rows", type=int, default=8, help="linear: rows per call")
@@ -312,7 +352,7 @@ def main(argv=None) -> None:
     p.add_argument("--ragged", action="store_true", help="one long request among short ones")
     p.add_argument("--top", type=int, default=10, help="profile: ops listed per arm")
     p.add_argument("--pairs", type=int, default=100,
-                   help="pages, prefill: alternating pairs timed")
+                   help="pages, prefill, layers: alternating pairs timed")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -324,6 +364,8 @@ def main(argv=None) -> None:
         pages(a.dtype, a.pairs)
     elif a.what == "prefill":
         prefill(a.dtype, a.pairs)
+    elif a.what == "layers":
+        layers(a.dtype, a.pairs)
     elif a.what == "decode":
         decode(a.arms, a.dtype, a.steps, a.ragged)
     else:

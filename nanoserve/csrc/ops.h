@@ -29,6 +29,17 @@ at::Tensor pack_small_gemm(const at::Tensor& weight);
 void small_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                 const std::optional<at::Tensor>& bias);
 
+using OptionalTensors = c10::List<std::optional<at::Tensor>>;
+void decode_layers(at::Tensor& h, at::Tensor& residual, at::TensorList norm1,
+                   at::TensorList norm2, at::TensorList qkv_w, const OptionalTensors& qkv_b,
+                   at::TensorList o_w, const OptionalTensors& o_b, at::TensorList gate_up_w,
+                   const OptionalTensors& gate_up_b, at::TensorList down_w,
+                   const OptionalTensors& down_b, const at::Tensor& cos, const at::Tensor& sin,
+                   at::Tensor& k_pools, at::Tensor& v_pools, const at::Tensor& cells,
+                   const at::Tensor& block_table, const at::Tensor& context_lens,
+                   int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
+                   int64_t intermediate, double eps, double scale);
+
 std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpus);
 
 }  // namespace nanoserve

@@ -22,6 +22,12 @@ TORCH_LIBRARY(nanoserve, m) {
   m.def("pack_small_gemm(Tensor weight) -> Tensor");
   m.def("small_gemm(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()");
   m.def("bind_threads(int[] cpus) -> int[]");
+  m.def("decode_layers(Tensor(a!) h, Tensor(b!) residual, Tensor[] norm1, Tensor[] norm2, "
+        "Tensor[] qkv_w, Tensor?[] qkv_b, Tensor[] o_w, Tensor?[] o_b, Tensor[] gate_up_w, "
+        "Tensor?[] gate_up_b, Tensor[] down_w, Tensor?[] down_b, Tensor cos, Tensor sin, "
+        "Tensor(c!) k_pools, Tensor(d!) v_pools, Tensor cells, Tensor block_table, "
+        "Tensor context_lens, int block_size, int num_heads, int num_kv_heads, "
+        "int intermediate, float eps, float scale) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
@@ -34,6 +40,7 @@ TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
   m.impl("argmax_rows", &nanoserve::argmax_rows);
   m.impl("pack_small_gemm", &nanoserve::pack_small_gemm);
   m.impl("small_gemm", &nanoserve::small_gemm);
+  m.impl("decode_layers", &nanoserve::decode_layers);
 }
 
 TORCH_LIBRARY_IMPL(nanoserve, CompositeExplicitAutograd, m) {
