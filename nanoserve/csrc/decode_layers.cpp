@@ -19,9 +19,19 @@
 // this library's paged kernel over a decode step's block table; fused.py decides, and runs its
 // own loop everywhere else. The buffers for q, the attention output, gate_up and the activation
 // are allocated once per call, not once per layer.
+#include <ATen/record_function.h>
+
 #include "ops.h"
 
 namespace nanoserve {
+
+// Each call inside the loop under its own op's name, so torch.profiler splits the loop's time
+// as it would fused.py's (the guard costs a flag test while no profiler runs).
+#define NANOSERVE_TIMED(name, ...)                                    \
+  {                                                                   \
+    RECORD_FUNCTION("nanoserve::" name, std::vector<c10::IValue>());  \
+    __VA_ARGS__;                                                      \
+  }
 
 void decode_layers(at::Tensor& h, at::Tensor& residual, at::TensorList norm1,
                    at::TensorList norm2, at::TensorList qkv_w, const OptionalTensors& qkv_b,
@@ -61,19 +71,20 @@ void decode_layers(at::Tensor& h, at::Tensor& residual, at::TensorList norm1,
   at::Tensor attn_2d = attn.view({B, Hq * D});
   for (int64_t l = 0; l < L; ++l) {
     if (l == 0)
-      rms_norm(h, residual, norm1[0], eps);
+      NANOSERVE_TIMED("rms_norm", rms_norm(h, residual, norm1[0], eps))
     else
-      fused_add_rms_norm(h, residual, norm1[l], eps);
-    small_gemm(qkv, h, qkv_w[l], qkv_b.get(l));
+      NANOSERVE_TIMED("fused_add_rms_norm", fused_add_rms_norm(h, residual, norm1[l], eps))
+    NANOSERVE_TIMED("small_gemm", small_gemm(qkv, h, qkv_w[l], qkv_b.get(l)))
     at::Tensor kp = k_pools.select(0, l), vp = v_pools.select(0, l);
-    rope_and_cache(q_in, k_in, v_in, cos, sin, kp, vp, cells);
-    q.copy_(q_in);
-    paged_decode_attention(attn, q, kp, vp, block_table, context_lens, block_size, scale);
-    small_gemm(h, attn_2d, o_w[l], o_b.get(l));
-    fused_add_rms_norm(h, residual, norm2[l], eps);
-    small_gemm(gate_up, h, gate_up_w[l], gate_up_b.get(l));
-    silu_and_mul(act, gate_up);
-    small_gemm(h, act, down_w[l], down_b.get(l));
+    NANOSERVE_TIMED("rope_and_cache", rope_and_cache(q_in, k_in, v_in, cos, sin, kp, vp, cells))
+    NANOSERVE_TIMED("paged_decode_attention", q.copy_(q_in);
+                    paged_decode_attention(attn, q, kp, vp, block_table, context_lens,
+                                           block_size, scale))
+    NANOSERVE_TIMED("small_gemm", small_gemm(h, attn_2d, o_w[l], o_b.get(l)))
+    NANOSERVE_TIMED("fused_add_rms_norm", fused_add_rms_norm(h, residual, norm2[l], eps))
+    NANOSERVE_TIMED("small_gemm", small_gemm(gate_up, h, gate_up_w[l], gate_up_b.get(l)))
+    NANOSERVE_TIMED("silu_and_mul", silu_and_mul(act, gate_up))
+    NANOSERVE_TIMED("small_gemm", small_gemm(h, act, down_w[l], down_b.get(l)))
   }
 }
 
