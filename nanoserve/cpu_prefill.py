@@ -1,4 +1,4 @@
-"""Fresh prompts through the CPU decode kernel: each prompt token is a decode row over its prefix.
+"""Prompts through the CPU decode kernel: each prompt token is a decode row over its prefix.
 
 Why this module exists: a packed prefill step attends each prompt causally to itself
 (``attention.packed_prefill_attention``, one ``F.scaled_dot_product_attention`` per prompt).
@@ -11,10 +11,13 @@ tokens, read through the prompt's blocks. ``csrc/decode_attention.cpp`` then doe
 read with no mask, no copy of K or V, and its GQA grouping: on the same shapes 1.5-1.95x SDPA's
 speed in bf16, 1.2-1.55x in float32 (``python -m nanoserve.bench.speedpaths prefill``, paired
 medians on a 2-core AMD EPYC). Its sums run in another order than SDPA's, as the decode read's
-already do.
+already do. A continued chunk (a long prompt's later part under the step's token budget, or a
+prompt after a prefix-cache hit) is read the same way over its row's blocks (``chunk_tables``),
+where the reference path gathered the row's whole context into a rectangle.
 
     tables, ctx = token_tables(step.write_flat, step.packed_lens, fresh, block_size)
     out = attend_prompts(q, k_pool, v_pool, tables, ctx, block_size)   # (1, Hq, N, D)
+    tables, ctx = chunk_tables(row_cells, start, n, block_size)        # a continued chunk
 """
 
 from __future__ import annotations
@@ -43,6 +46,19 @@ def token_tables(cells: torch.Tensor, lens: list[int], fresh: list[bool],
             ctx[s:s + n] = torch.arange(1, n + 1)
         s += n
     return tables, ctx
+
+
+def chunk_tables(row_cells: torch.Tensor, start: int, n: int,
+                 block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A continued chunk (a prompt's later tokens, or a prompt after a prefix-cache hit): its
+    ``n`` new tokens at positions ``start`` .. ``start + n - 1`` of a row whose cells by
+    position are ``row_cells`` (at least ``start + n``). Each token's table is the row's
+    blocks, (n, W) int64, and its context its position + 1, (n,) int64."""
+    firsts = row_cells[:start + n:block_size]  # (W,) the cell of each block's first position
+    if bool((firsts % block_size).any()):
+        raise ValueError("a row's cells must start each of its blocks")
+    tables = (firsts // block_size)[None].expand(n, -1).contiguous()
+    return tables, torch.arange(start + 1, start + n + 1)
 
 
 def attend_prompts(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,

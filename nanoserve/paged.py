@@ -34,7 +34,7 @@ from .attention import (
     paged_attention_gathered,
 )
 from .config import ATTENTION_PATHS
-from .cpu_prefill import attend_prompts, token_tables
+from .cpu_prefill import attend_prompts, chunk_tables, token_tables
 from .gathered import GatheredIndex
 
 
@@ -367,9 +367,14 @@ class BatchedPagedKVCache:
                 out[0, :, s:s + n] = got[:, :, 0].transpose(0, 1)
             else:  # a continued chunk: its new queries over everything its row holds
                 n = lens[b]
-                out[:, :, s:s + n] = paged_attention_batched_reference(
-                    q[:, :, s:s + n], kp, vp, step.read_cells[b:b + 1, :step.ctx[b]],
-                    positions[:, s:s + n], step.context_lens[b:b + 1])
+                if self.attention == "cpu":  # each new token a decode row over the row
+                    tables, ctx = chunk_tables(step.read_cells[b], starts[b], n, self.block_size)
+                    out[:, :, s:s + n] = attend_prompts(q[:, :, s:s + n], kp, vp, tables, ctx,
+                                                        self.block_size)
+                else:
+                    out[:, :, s:s + n] = paged_attention_batched_reference(
+                        q[:, :, s:s + n], kp, vp, step.read_cells[b:b + 1, :step.ctx[b]],
+                        positions[:, s:s + n], step.context_lens[b:b + 1])
             s += n
             b = e
         return out

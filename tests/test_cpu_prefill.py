@@ -98,3 +98,27 @@ def test_the_engine_reads_fresh_prompts_through_the_kernel_and_no_token_moves(mo
     else:  # a first chunk of each prompt, at least
         assert len(calls) >= layers and sum(calls) >= layers * len(prompts)
     assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("start,n,bs", [(16, 9, 16), (5, 30, 4), (40, 1, 1), (31, 33, 32)])
+def test_a_continued_chunk_reads_its_rows_blocks_as_the_reference_does(start, n, bs, dtype,
+                                                                       atol):
+    from nanoserve.attention import paged_attention_batched_reference
+    from nanoserve.cpu_prefill import chunk_tables
+
+    g = torch.Generator().manual_seed(start + n)
+    hkv, group, d, total = 2, 3, 64, start + n
+    width = -(-total // bs)
+    blocks = torch.randperm(width + 4, generator=g)[:width]
+    row_cells = (blocks[:, None] * bs + torch.arange(bs)).reshape(-1)[:total]  # (S,) by position
+    kp = torch.randn((width + 4) * bs, hkv, d, generator=g).to(dtype)
+    vp = torch.randn((width + 4) * bs, hkv, d, generator=g).to(dtype)
+    q = torch.randn(1, hkv * group, n, d, generator=g).to(dtype)
+    tables, ctx = chunk_tables(row_cells, start, n, bs)
+    assert tables.shape == (n, width) and ctx.tolist() == list(range(start + 1, total + 1))
+    got = attend_prompts(q, kp, vp, tables, ctx, bs)
+    want = paged_attention_batched_reference(q, kp, vp, row_cells[None],
+                                             torch.arange(start, total)[None],
+                                             torch.tensor([total]))
+    torch.testing.assert_close(got, want, atol=atol, rtol=0)
