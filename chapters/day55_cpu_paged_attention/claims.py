@@ -165,8 +165,9 @@ def tiles_and_tasks() -> str:
 def engine_runs() -> dict:
     """Greedy tokens from LLM with each read: 8 prompts of 5 to 700 tokens over 4 slots, a
     256-token step budget (chunked prefill beside decodes), a pool of 80 16-token blocks that
-    forces preemption. Kernel calls are counted on the cache, per kind of step."""
-    from nanoserve import LLM, SamplingParams
+    forces preemption. Kernel calls are counted on the cache, per kind of step, and in the
+    decode steps that ``decode_layers`` runs (Day 54's later loop in C++: one call a layer)."""
+    from nanoserve import LLM, SamplingParams, fused
     from nanoserve.paged import BatchedPagedKVCache
 
     g = torch.Generator().manual_seed(55)
@@ -182,11 +183,20 @@ def engine_runs() -> dict:
         calls["longest"] = max(calls["longest"], int(context_lens.max()))
         return plain(self, q, kp, vp, blocks, context_lens)
 
+    loop = fused._decode_layers
+
+    def counted_loop(model, residual, cos, sin, backend, cells):
+        h = loop(model, residual, cos, sin, backend, cells)
+        if h is not None:  # the step's reads ran inside the C++ loop
+            calls["decode"] += len(model.layers)
+            calls["longest"] = max(calls["longest"], int(backend.kernel_decode()[1].max()))
+        return h
+
     arms = {"reference": dict(kernels=False, attention="reference"),
             "cpu, fused ops off": dict(kernels=False, attention="cpu"),
             "cpu": dict(kernels="auto", attention="cpu")}
     runs = {}
-    BatchedPagedKVCache._cpu_decode = counted
+    BatchedPagedKVCache._cpu_decode, fused._decode_layers = counted, counted_loop
     try:
         for name, kw in arms.items():
             for k in calls:
@@ -198,7 +208,7 @@ def engine_runs() -> dict:
             runs[name] = dict(tokens=out, preemptions=llm.stats.preemptions,
                               layers=llm.model.cfg.num_hidden_layers, **calls)
     finally:
-        BatchedPagedKVCache._cpu_decode = plain
+        BatchedPagedKVCache._cpu_decode, fused._decode_layers = plain, loop
     return runs
 
 
