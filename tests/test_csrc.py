@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nanoserve import csrc
@@ -40,6 +40,7 @@ def R():
 @SETTINGS
 @given(rows=st.integers(1, 9), width=st.integers(1, 700), dt=st.sampled_from(DTYPES),
        seed=st.integers(0, 2**16))
+@example(rows=3, width=208, dt=torch.bfloat16, seed=2540)  # two output steps apart (see below)
 def test_rms_norm_and_its_fused_residual_add_match_hugging_faces_norm(rows, width, dt, seed):
     g = torch.Generator().manual_seed(seed)
     x, res = (torch.randn(rows, width, generator=g).to(dt) for _ in range(2))
@@ -47,8 +48,10 @@ def test_rms_norm_and_its_fused_residual_add_match_hugging_faces_norm(rows, widt
     out = torch.empty_like(x)
     torch.ops.nanoserve.rms_norm(out, x, w, 1e-5)
     # bf16 rounds where the reference rounds, but the sum of squares runs in another order: a
-    # value on a rounding boundary may land one bf16 step away (about 2 in a million here).
-    tol = dict(atol=1e-5, rtol=1e-5) if dt == torch.float32 else dict(atol=1e-6, rtol=2 ** -7)
+    # normalised value on a rounding boundary may land one bf16 step away (up to 2^-7 of it),
+    # and the weight's multiply, rounded again, can carry that to a second step of the output
+    # (hypothesis found 1.1484375 against 1.1328125 with a weight of 1.09): within 2^-6.
+    tol = dict(atol=1e-5, rtol=1e-5) if dt == torch.float32 else dict(atol=1e-6, rtol=2 ** -6)
     torch.testing.assert_close(out, R().rms_norm_reference(x, w, 1e-5), **tol)
     x2, r2 = x.clone(), res.clone()
     torch.ops.nanoserve.fused_add_rms_norm(x2, r2, w, 1e-5)
