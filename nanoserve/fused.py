@@ -65,7 +65,7 @@ def _layer_weights(model) -> dict | None:
     """Each layer's norms and small-M copies as ``decode_layers`` takes them, built once per
     model, and the largest batch every linear sends to the small-M kernel; None where some linear
     does not take it (not packed, oneDNN chosen for its shape, a tensor-parallel wrapper)."""
-    if not hasattr(model, "_decode_layers"):
+    if not hasattr(model, "decode_layer_weights"):
         from .prepack import PackedLinear
 
         lists: dict = {k: [] for k in ("norm1", "norm2", "qkv_w", "qkv_b", "o_w", "o_b",
@@ -76,7 +76,7 @@ def _layer_weights(model) -> dict | None:
             linears = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj,
                        "down": mlp.down_proj}
             if not all(type(m) is PackedLinear and m.small is not None for m in linears.values()):
-                model._decode_layers = None
+                model.decode_layer_weights = None
                 return None
             for name, m in linears.items():
                 lists[f"{name}_w"].append(m.small)
@@ -84,9 +84,9 @@ def _layer_weights(model) -> dict | None:
                 rows.append(m.small_rows)
             lists["norm1"].append(layer.input_layernorm.weight)
             lists["norm2"].append(layer.post_attention_layernorm.weight)
-        model._decode_layers = {"lists": lists, "rows": min(rows, default=0),
-                                "dtype": lists["qkv_w"][0].dtype if rows else None}
-    return model._decode_layers
+        model.decode_layer_weights = {"lists": lists, "rows": min(rows, default=0),
+                                      "dtype": lists["qkv_w"][0].dtype if rows else None}
+    return model.decode_layer_weights
 
 
 def _decode_layers(model, residual, cos, sin, backend, cells) -> torch.Tensor | None:
@@ -101,7 +101,8 @@ def _decode_layers(model, residual, cos, sin, backend, cells) -> torch.Tensor | 
         return None
     cfg, (blocks, context_lens) = model.cfg, read
     attn = model.layers[0].self_attn
-    h, res = torch.empty(B, E, dtype=residual.dtype), residual.view(B, E)
+    res = residual.view(B, E)
+    h = torch.empty_like(res)
     ops.decode_layers(h, res, *weights["lists"].values(), cos, sin, backend.k, backend.v,
                       cells, blocks, context_lens, backend.block_size, attn.hq, attn.hkv,
                       model.layers[0].mlp.i, cfg.rms_norm_eps, attn.d ** -0.5)

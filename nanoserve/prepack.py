@@ -218,12 +218,17 @@ def prepack_model(model: nn.Module, small_gemm: bool = False) -> int:
     return count + 1
 
 
+def small_copies(model: nn.Module) -> list[PackedLinear]:
+    """The packed linears that hold a small-M copy of their weight, in module order."""
+    return [m for m in model.modules() if isinstance(m, PackedLinear) and m.small is not None]
+
+
 def _small_on_huge_pages(model: nn.Module) -> None:
     """Move every small-M copy into one mapping on 2 MiB pages (``huge_pages``), which the
     decode step streams; ``model.huge_pages`` says what the kernel granted, or why not."""
     from .huge_pages import place
 
-    owners = [m for m in model.modules() if isinstance(m, PackedLinear) and m.small is not None]
+    owners = small_copies(model)
     views, model.huge_pages = place([m.small for m in owners])
     for m, view in zip(owners, views, strict=True):
         m.small = view

@@ -34,8 +34,9 @@ def small_everywhere(monkeypatch):
                         else 8)
 
 
-def _run(llm, loop: bool, monkeypatch) -> tuple[list, list, int]:
-    """Tokens, every logits tensor and the number of steps the op ran, with or without it."""
+def _run(llm, loop: bool, monkeypatch) -> tuple[list, list, int, int]:
+    """Tokens, every logits tensor, and the numbers of decode steps the op ran and declined,
+    with or without it."""
     logits, calls = [], []
     real_logits = type(llm.model).compute_logits.__get__(llm.model)  # not an earlier wrapper
     real_loop = fused._decode_layers
@@ -47,7 +48,8 @@ def _run(llm, loop: bool, monkeypatch) -> tuple[list, list, int]:
     tokens = [o.token_ids for o in llm.generate(PROMPTS, [PARAMS] * len(PROMPTS))]
     monkeypatch.setattr(fused, "_decode_layers", real_loop)
     assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks
-    return tokens, logits, sum(c is not None for c in calls)
+    ran = sum(c is not None for c in calls)
+    return tokens, logits, ran, len(calls) - ran
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -60,8 +62,8 @@ def test_the_op_is_the_python_loop_to_the_bit(small_everywhere, monkeypatch, hf_
     path = SHIPPED if name == "shipped" else hf_checkpoint(name)
     llm = LLM(str(path), dtype=dtype, skip_tokenizer_init=True, max_num_seqs=4,
               max_model_len=96, prepack=True)
-    want, want_logits, none = _run(llm, False, monkeypatch)
-    got, got_logits, steps = _run(llm, True, monkeypatch)
+    want, want_logits, none, _ = _run(llm, False, monkeypatch)
+    got, got_logits, steps, _ = _run(llm, True, monkeypatch)
     assert none == 0 and steps > 0  # the op ran the decode steps
     assert got == want
     assert len(got_logits) == len(want_logits)
@@ -77,9 +79,9 @@ def test_a_batch_past_the_small_kernels_rows_runs_the_python_loop(monkeypatch):
     if fused._layer_weights(llm.model) is None:
         pytest.skip("the small-M kernel is not available here")
     want = _run(llm, False, monkeypatch)[0]
-    got, _, steps = _run(llm, True, monkeypatch)
+    got, _, steps, declined = _run(llm, True, monkeypatch)
     assert got == want
-    assert 0 < steps  # the tail, at 2 rows or fewer, took the op; 3 and 4 rows did not
+    assert steps > 0 and declined > 0  # 2 rows or fewer took the op; 3 and 4 rows did not
     assert fused._layer_weights(llm.model)["rows"] == 2
 
 

@@ -65,12 +65,11 @@ def test_the_engine_streams_its_small_m_copies_from_one_mapping():
     from pathlib import Path
 
     from nanoserve import LLM
-    from nanoserve.prepack import PackedLinear
+    from nanoserve.prepack import small_copies
 
     shipped = Path(huge_pages.__file__).parent / "checkpoints" / "nanoserve-tiny"
     llm = LLM(str(shipped), dtype="bfloat16", max_num_seqs=2, max_model_len=64)
-    smalls = [m.small for m in llm.model.modules()
-              if isinstance(m, PackedLinear) and m.small is not None]
+    smalls = [m.small for m in small_copies(llm.model)]
     if not smalls:
         assert llm.model.huge_pages in ("weights not packed", "no weights to place")
         pytest.skip(f"no small-M copies here: {llm.kernels_reason}; {llm.prepack_reason}")

@@ -205,6 +205,20 @@ def profile(dtype: str, steps: int, top: int) -> None:
             print(f"    {op:40s} {us / total:6.1%}  {calls[op] // steps:5d} calls a step")
 
 
+def _paired(arms: dict, pairs: int) -> dict[str, list[float]]:
+    """Each arm's time in seconds, ``pairs`` times: the two arms run back to back, the order
+    swapped every pair, so that a burst of load on a shared machine hits both alike and the
+    i-th times of the two arms make a pair."""
+    (a, fa), (b, fb) = arms.items()
+    times: dict[str, list[float]] = {a: [], b: []}
+    for i in range(pairs):
+        for name, f in ((a, fa), (b, fb)) if i % 2 else ((b, fb), (a, fa)):
+            t = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
 def pages(dtype: str, pairs: int) -> None:
     """One thread, 8 rows: the decode step's small-M linears of the SmolLM2-135M shape (every
     layer's own weights, then the LM head) streamed from their copies on 2 MiB pages (the
@@ -212,12 +226,12 @@ def pages(dtype: str, pairs: int) -> None:
     times; the median of the paired ratios, with the 10th and 90th percentiles."""
     from nanoserve import LLM
     from nanoserve.bench.shapes import shape_checkpoint
-    from nanoserve.prepack import PackedLinear
+    from nanoserve.prepack import small_copies
 
     torch.set_num_threads(1)
     llm = LLM(str(shape_checkpoint("smollm2-135m")), dtype=dtype, skip_tokenizer_init=True,
               max_num_seqs=8, max_model_len=512)
-    owners = [m for m in llm.model.modules() if isinstance(m, PackedLinear) and m.small is not None]
+    owners = small_copies(llm.model)
     if not owners:
         print(f"pages: no small-M weights here ({llm.kernels_reason}; {llm.prepack_reason})")
         return
@@ -226,17 +240,12 @@ def pages(dtype: str, pairs: int) -> None:
     xs = [torch.randn(8, m.in_features, dtype=llm.dtype) for m in owners]
     outs = [torch.empty(8, m.out_features, dtype=llm.dtype) for m in owners]
 
-    def stream(weights) -> float:
-        t = time.perf_counter()
+    def stream(weights) -> None:
         for m, w, x, out in zip(owners, weights, xs, outs, strict=True):
             torch.ops.nanoserve.small_gemm(out, x, w, m.bias)
-        return time.perf_counter() - t
 
     stream(huge), stream(plain)
-    times = {"huge": [], "plain": []}
-    for i in range(pairs):
-        for arm in ("huge", "plain") if i % 2 else ("plain", "huge"):
-            times[arm].append(stream(huge if arm == "huge" else plain))
+    times = _paired({"huge": lambda: stream(huge), "plain": lambda: stream(plain)}, pairs)
     ratios = sorted(p / h for p, h in zip(times["plain"], times["huge"], strict=True))
     total = sum(t.numel() * t.element_size() for t in huge)
     print(f"pages, SmolLM2-135M shape (random), {dtype}, 8 rows, one thread, {len(owners)} "
@@ -284,12 +293,7 @@ def prefill(dtype: str, pairs: int) -> None:
         want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True,
                                               enable_gqa=True)
         err = {a: (f().double() - want).abs().max().item() for a, f in arms.items()}
-        times = {a: [] for a in arms}
-        for i in range(pairs):
-            for a in (("sdpa", "kernel") if i % 2 else ("kernel", "sdpa")):
-                t = time.perf_counter()
-                arms[a]()
-                times[a].append(time.perf_counter() - t)
+        times = _paired(arms, pairs)
         ratio = statistics.median(s / k for s, k in zip(times["sdpa"], times["kernel"],
                                                         strict=True))
         flops = T * T * Hq * D * 2  # causal: half of T^2 (q.k and p.v, 2 flops each)
@@ -319,17 +323,18 @@ def layers(dtype: str, pairs: int) -> None:
     for i in range(8):
         prompt = torch.randint(2, 49000, (40 + 8 * i,), generator=g).tolist()
         llm.core.add(llm.core.make_request(f"r{i}", prompt, params))
-    real, times = fused._decode_layers, {"op": [], "python": []}
+    real = fused._decode_layers
+
+    def step(loop) -> None:
+        fused._decode_layers = loop
+        llm.core.step()
+
     try:
         with torch.inference_mode():
             llm.core.step()  # the prefill
             llm.core.step()
-            for i in range(pairs):
-                for arm in ("op", "python") if i % 2 else ("python", "op"):
-                    fused._decode_layers = real if arm == "op" else (lambda *a: None)
-                    t = time.perf_counter()
-                    llm.core.step()
-                    times[arm].append(time.perf_counter() - t)
+            times = _paired({"op": lambda: step(real), "python": lambda: step(lambda *a: None)},
+                            pairs)
     finally:
         fused._decode_layers = real
     ratio = statistics.median(p / o for p, o in zip(times["python"], times["op"], strict=True))

@@ -16,8 +16,8 @@
 // lanes together (a tree of shuffles, sum_lanes) rather than one horizontal sum per key, its
 // exponentials take ATen's inline exp_u20 (a polynomial within 20 ulp, by ATen's own comment)
 // rather than a call to Sleef's 1-ulp exp, the online rescale rides on the accumulator's load,
-// and a row of one split writes its output straight from the task. Day 55's snapshot is the version
-// without these: the outputs agree to float32 rounding, no longer to the bit.
+// and a row of one split writes its output straight from the task. Day 55's snapshot is the
+// version without these: the outputs agree to float32 rounding, no longer to the bit.
 #include <algorithm>
 #include <vector>
 
@@ -157,8 +157,8 @@ inline void weigh_values(const T* const* vrows, int64_t n, const float* w, const
     }
 }
 
-// The larger of each lane pair: vmaxps where the ISA has it (a NaN in b gives b, one in a gives
-// b), at::vec's NaN-propagating maximum elsewhere.
+// The larger of each lane pair: vmaxps where the ISA has it (where either is NaN it gives b, so a
+// NaN may or may not survive a chain of them), at::vec's NaN-propagating maximum elsewhere.
 inline fVec max_of(fVec a, fVec b) {
 #if defined(CPU_CAPABILITY_AVX512)
   return _mm512_max_ps(a, b);
@@ -177,10 +177,10 @@ void attend_split(const T* q, const T* kpool, const T* vpool, const int64_t* blo
   alignas(64) float qf[kMaxGD];
   alignas(64) float s[8 * kTile * 8];  // G <= 64 heads per KV head, checked by the caller
   float alpha[64];                     // each head's rescale of its accumulator, per tile
-  int64_t i = 0;
-  for (const fVec sv(scale); i + kLanes <= G * D; i += kLanes)
-    (load_f(q + i) * sv).store(qf + i);
-  for (; i < G * D; ++i) qf[i] = to_f(q[i]) * scale;
+  int64_t e = 0;
+  for (const fVec sv(scale); e + kLanes <= G * D; e += kLanes)
+    (load_f(q + e) * sv).store(qf + e);
+  for (; e < G * D; ++e) qf[e] = to_f(q[e]) * scale;
   for (int64_t g = 0; g < G; ++g) m[g] = -INFINITY, l[g] = 0.f;
   std::fill(acc, acc + G * D, 0.f);
   // Where tile t's K and V vectors lie, and a prefetch of each: the tile kAhead after the
@@ -215,7 +215,7 @@ void attend_split(const T* q, const T* kpool, const T* vpool, const int64_t* blo
     for (int64_t g = 0; g < G; ++g) {  // online softmax: new max, weights in place, rescale
       float* sg = s + g * kTile;
       for (int64_t j = n; j < kTile; ++j) sg[j] = -INFINITY;  // a short last tile weighs 0
-      fVec mv(m[g]);  // the max ignores a NaN score, whose exp below still carries it
+      fVec mv(m[g]);  // a NaN score may miss the max; its own exp below carries it into acc
       for (int64_t j = 0; j < kTile; j += kLanes) mv = max_of(mv, fVec::loadu(sg + j));
       const float mx = at::vec::vec_reduce_all<float>(max_of, mv);
       mv = fVec(mx);
