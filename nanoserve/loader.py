@@ -84,7 +84,11 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     prepacked, prepack_why = resolve_prepack(cfg.prepack, device, dtype, cfg.compile,
                                              (mc.hidden_size, mc.intermediate_size))
     kernels, kernels_why = resolve_kernels(cfg.kernels, device, dtype)
-    small_gemm = kernels  # small_gemm.choose times each shape in its dtype, or refuses it
+    # small_gemm.choose times each shape in its dtype, or refuses it; its copy is a packed
+    # weight too, so prepack=False keeps the weights exactly as loaded
+    small_gemm = kernels and cfg.prepack is not False
+    if small_gemm and not prepacked:
+        prepack_why += "; small-M copies where they beat F.linear"
     log.info("prepack=%s: %s (%s)", cfg.prepack, "packed" if prepacked else "plain",
              prepack_why)
     attention = cfg.attention if cfg.attention != "auto" else "cpu" if kernels else "gathered"
@@ -114,8 +118,8 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
                  cfg.distributed_executor_backend, model.shard_plan.describe())
     else:
         model = load_model(cfg.model, dtype, cfg.device)
-        if prepacked:
-            prepack_model(model, small_gemm=small_gemm)
+        if prepacked or small_gemm:
+            prepack_model(model, small_gemm=small_gemm, onednn=prepacked)
             log.info("small-M weights on huge pages: %s", model.huge_pages)
         if kernels:  # Llama.forward goes through fused.py
             from .fused import fused_forward

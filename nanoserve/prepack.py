@@ -36,6 +36,7 @@ import itertools
 import weakref
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import PREPACK_CHOICES
@@ -66,8 +67,6 @@ def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
 def measure_float32(hidden: int, intermediate: int) -> dict[int, float]:
     """``F.linear`` time / packed time in float32 at each of ``FP32_ROWS``, over one MLP's up
     (gate and up fused) and down projections, on random weights of the model's shape."""
-    import torch.nn.functional as F
-
     from .measured import best_interleaved
 
     g = torch.Generator().manual_seed(0)
@@ -149,13 +148,20 @@ def _(x, handle, out_features):
 
 
 class PackedLinear(nn.Module):
-    """``nn.Linear`` with its weight held in oneDNN's blocked layout (an opaque mkldnn tensor)."""
+    """``nn.Linear`` with its weight held in oneDNN's blocked layout (an opaque mkldnn tensor),
+    a small-M copy for decode-sized batches, or both. Without oneDNN's copy (``onednn=False``:
+    oneDNN cannot pack this dtype here, or packing did not pay) the larger batches run
+    ``F.linear`` on the weight as loaded."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 rows_hint: int = DECODE_ROWS_HINT, small_rows: int = 0):
+                 rows_hint: int = DECODE_ROWS_HINT, small_rows: int = 0, onednn: bool = True):
         super().__init__()
+        if not (onednn or small_rows):
+            raise ValueError("a PackedLinear needs oneDNN's packing, a small-M copy, or both")
         self.out_features, self.in_features = weight.shape  # (N, E)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint)
+        self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint)
+                       if onednn else None)
+        self.weight = None if onednn else weight.detach()
         self.bias = None if bias is None else bias.detach()
         # Batches of at most small_rows rows take csrc/small_gemm.cpp (small_gemm.py chose it
         # for this shape by timing both); they read their own repacked copy of the weight.
@@ -178,21 +184,33 @@ class PackedLinear(nn.Module):
             torch.ops.nanoserve.small_gemm(out.view(rows, -1), x.view(rows, -1), self.small,
                                            self.bias)
             return out
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        small = f", small-M kernel up to {self.small_rows} rows" if self.small_rows else ""
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"packed{small}")
+        from .small_gemm import ALL_ROWS
+
+        upto = "every batch" if self.small_rows >= ALL_ROWS else f"up to {self.small_rows} rows"
+        small = f", small-M kernel for {upto}" if self.small_rows else ""
+        large = "packed for oneDNN" if self.packed is not None else "F.linear beyond"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {large}{small}"
 
 
-def prepack_model(model: nn.Module, small_gemm: bool = False) -> int:
-    """Swap every ``nn.Linear`` under ``model.layers`` for a ``PackedLinear``, and give the
-    model a packed LM head (``model.packed_head``). With ``small_gemm`` (bf16 or float32, the
-    C++ ops loaded), each shape also takes the small-M kernel where ``small_gemm.choose``
-    measured it faster. Returns how many weights were packed."""
-    if model.packed_head is not None:
+def prepack_model(model: nn.Module, small_gemm: bool = False, onednn: bool = True) -> int:
+    """Swap the ``nn.Linear`` layers under ``model.layers`` for ``PackedLinear`` ones, and give
+    the model a packed LM head (``model.packed_head``). With ``onednn`` every weight is packed
+    for oneDNN; with ``small_gemm`` (bf16 or float32, the C++ ops loaded) each shape also takes
+    the small-M kernel where ``small_gemm.choose`` measured it faster than the linear it would
+    otherwise run (oneDNN's packed one, or ``F.linear`` without ``onednn``). Without
+    ``onednn``, a shape the small kernel does not take stays an ``nn.Linear``. Returns how many
+    weights were packed."""
+    if model.packed_head is not None or any(isinstance(m, PackedLinear)
+                                            for m in model.modules()):
         raise ValueError("this model's weights are already packed")
+    if not (onednn or small_gemm):
+        raise ValueError("prepack_model: nothing to pack (neither onednn nor small_gemm)")
+    against = "onednn" if onednn else "linear"
     chosen: dict[tuple[int, int], int] = {}
 
     def rows_for(weight: torch.Tensor) -> int:
@@ -200,22 +218,27 @@ def prepack_model(model: nn.Module, small_gemm: bool = False) -> int:
             return 0
         if weight.shape not in chosen:  # 0 for a dtype without a kernel (small_gemm.unavailable)
             from .small_gemm import choose
-            chosen[weight.shape] = choose(*weight.shape, weight.dtype)
+            chosen[weight.shape] = choose(*weight.shape, weight.dtype, against)
         return chosen[weight.shape]
+
+    def packed(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear | None:
+        rows = rows_for(weight)
+        if not (onednn or rows):
+            return None
+        return PackedLinear(weight, bias, small_rows=rows, onednn=onednn)
 
     count = 0
     for layer in model.layers:
         for parent in list(layer.modules()):  # nested too: a tensor-parallel wrapper's linear
             for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(parent, name, PackedLinear(child.weight, child.bias,
-                                                       small_rows=rows_for(child.weight)))
+                if isinstance(child, nn.Linear) and (p := packed(child.weight, child.bias)):
+                    setattr(parent, name, p)
                     count += 1
     head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    model.packed_head = PackedLinear(head, None, small_rows=rows_for(head))  # tied: the
-    model.small_gemm_rows = {f"{n}x{k}": r for (n, k), r in chosen.items()}  # embedding keeps
-    _small_on_huge_pages(model)                                              # its own copy
-    return count + 1
+    model.packed_head = packed(head, None)  # tied: the embedding keeps its own copy
+    model.small_gemm_rows = {f"{n}x{k}": r for (n, k), r in chosen.items()}
+    _small_on_huge_pages(model)
+    return count + (model.packed_head is not None)
 
 
 def small_copies(model: nn.Module) -> list[PackedLinear]:

@@ -256,34 +256,46 @@ def test_small_gemm_refuses_a_weight_of_another_shape():
 
 
 def test_the_small_gemm_choice_is_measured_once_and_cached(tmp_path, monkeypatch):
-    from nanoserve import small_gemm
+    from nanoserve import prepack, small_gemm
     if small_gemm.unavailable():
         pytest.skip(small_gemm.unavailable())
+    # against the linear the engine would run: oneDNN's packed one where it takes bf16 here
+    against = "linear" if prepack.unavailable(torch.device("cpu"), torch.bfloat16) else "onednn"
     monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
-    rows = small_gemm.choose(64, 128)
-    assert rows in (0, *small_gemm.ROWS)
+    rows = small_gemm.choose(64, 128, torch.bfloat16, against)
+    assert rows in (0, *small_gemm.ROWS, small_gemm.ALL_ROWS)
     import json
     (entry,) = json.loads((tmp_path / "small_gemm.json").read_text()).values()
-    assert entry["rows"] == rows and set(entry["onednn_over_small"]) == {"1", "2", "4", "8"}
+    timed = set(entry[f"{against}_over_small"])
+    assert entry["rows"] == rows and timed in ({"1", "2", "4", "8"}, {"1", "2", "4", "8", "64"})
     monkeypatch.setattr(small_gemm, "measure", lambda *a: pytest.fail("measured twice"))
-    assert small_gemm.choose(64, 128) == rows
+    assert small_gemm.choose(64, 128, torch.bfloat16, against) == rows
 
 
-def test_float32_has_its_own_small_gemm_verdict(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("at_64", "rows"), [(2.0, "all"), (1.05, 8), (0.5, 8)])
+def test_float32_has_its_own_small_gemm_verdict(tmp_path, monkeypatch, at_64, rows):
     from nanoserve import small_gemm
     if small_gemm.unavailable(torch.float32):
         pytest.skip(small_gemm.unavailable(torch.float32))
     monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
     seen = []
-    monkeypatch.setattr(small_gemm, "measure",
-                        lambda n, k, dtype: seen.append(dtype) or {m: 2.0 for m in small_gemm.ROWS})
-    assert small_gemm.choose(64, 127, torch.float32) == 8  # odd K is fine in float32
-    assert small_gemm.choose(64, 127) == 0  # but not in bf16 (k-pairs)
-    assert seen == [torch.float32]
+
+    def measure(n, k, dtype, against, rows=small_gemm.ROWS):
+        seen.append((dtype, against, rows))
+        return {m: at_64 if m == small_gemm.ALL_ROWS_PROBE else 2.0 for m in rows}
+    monkeypatch.setattr(small_gemm, "measure", measure)
+    # a clear win at 8 rows is timed at 64 too: a win there as well takes every batch
+    want = small_gemm.ALL_ROWS if rows == "all" else rows
+    assert small_gemm.choose(64, 127, torch.float32, "linear") == want  # odd K: fine in fp32
+    assert small_gemm.choose(64, 127, torch.bfloat16, "linear") == 0  # not in bf16 (k-pairs)
+    assert seen == [(torch.float32, "linear", small_gemm.ROWS),
+                    (torch.float32, "linear", (small_gemm.ALL_ROWS_PROBE,))]
     import json
     (key,) = json.loads((tmp_path / "small_gemm.json").read_text())
-    assert f"|64x127|margin 1.1|float32|ops {csrc.build_key()}" in key
+    assert f"|64x127|margin 1.1|float32|vs linear|ops {csrc.build_key()}" in key
     assert small_gemm.unavailable(torch.float16) == "no small-M kernel for torch.float16"
+    with pytest.raises(ValueError, match="against='gemv'"):
+        small_gemm.choose(64, 128, torch.float32, "gemv")
 
 
 @SETTINGS

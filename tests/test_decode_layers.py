@@ -29,9 +29,8 @@ def small_everywhere(monkeypatch):
     (the test checkpoints' shapes are too small for it to win): the loop then qualifies."""
     from nanoserve import small_gemm
 
-    monkeypatch.setattr(small_gemm, "choose",
-                        lambda N, K, dtype=torch.bfloat16: 0 if small_gemm.unavailable(dtype)
-                        else 8)
+    monkeypatch.setattr(small_gemm, "choose", lambda N, K, dtype=torch.bfloat16, against="onednn":
+                        0 if small_gemm.unavailable(dtype) else 8)
 
 
 def _run(llm, loop: bool, monkeypatch) -> tuple[list, list, int, int]:
@@ -61,7 +60,7 @@ def test_the_op_is_the_python_loop_to_the_bit(small_everywhere, monkeypatch, hf_
         pytest.skip("no float32 small-M kernel on this CPU")
     path = SHIPPED if name == "shipped" else hf_checkpoint(name)
     llm = LLM(str(path), dtype=dtype, skip_tokenizer_init=True, max_num_seqs=4,
-              max_model_len=96, prepack=True)
+              max_model_len=96, prepack="auto")  # oneDNN's packing or not, the small copies
     want, want_logits, none, _ = _run(llm, False, monkeypatch)
     got, got_logits, steps, _ = _run(llm, True, monkeypatch)
     assert none == 0 and steps > 0  # the op ran the decode steps
@@ -73,7 +72,7 @@ def test_the_op_is_the_python_loop_to_the_bit(small_everywhere, monkeypatch, hf_
 def test_a_batch_past_the_small_kernels_rows_runs_the_python_loop(monkeypatch):
     from nanoserve import small_gemm
 
-    monkeypatch.setattr(small_gemm, "choose", lambda N, K, dtype=torch.bfloat16: 2)
+    monkeypatch.setattr(small_gemm, "choose", lambda N, K, dtype=torch.bfloat16, vs="onednn": 2)
     llm = LLM(str(SHIPPED), dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=4,
               max_model_len=96)
     if fused._layer_weights(llm.model) is None:

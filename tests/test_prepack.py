@@ -128,3 +128,30 @@ def test_float32_packs_only_at_the_measured_margin_and_the_verdict_is_kept(tmp_p
     assert timed == [(64, 172)]  # the first verdict is kept for this machine and shape
     pack, why = prepack.resolve("auto", CPU, torch.float32, compile=False, shape=(96, 256))
     assert pack and "3.00x" in why and timed == [(64, 172), (96, 256)]
+
+
+def test_small_copies_stand_alone_where_onednn_does_not_pack(hf_checkpoint, monkeypatch):
+    """An AVX2 CPU's oneDNN has no bf16 kernel, and float32 packing may not pay: then the
+    small-M copies hang off linears that run F.linear for larger batches."""
+    import nanoserve.small_gemm as small_gemm
+
+    if small_gemm.unavailable(torch.float32):
+        pytest.skip(small_gemm.unavailable(torch.float32))
+    plain = load_model(hf_checkpoint("bias"), "float32")
+    model = load_model(hf_checkpoint("bias"), "float32")
+    with pytest.raises(ValueError, match="nothing to pack"):
+        prepack_model(model, small_gemm=False, onednn=False)
+    mlp = model.layers[0].mlp
+    shapes = {tuple(m.weight.shape) for m in mlp.modules() if isinstance(m, torch.nn.Linear)}
+    against = []  # the MLP's shapes take the small kernel for every batch; the rest refuse it
+    monkeypatch.setattr(small_gemm, "choose", lambda n, k, dtype, vs: against.append(vs) or (
+        small_gemm.ALL_ROWS if (n, k) in shapes else 0))
+    n = prepack_model(model, small_gemm=True, onednn=False)
+    assert set(against) == {"linear"}  # timed against the linear it replaces
+    swapped = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert n == len(swapped) >= 2 * plain.cfg.num_hidden_layers  # the head too if it shares
+    assert all((m.out_features, m.in_features) in shapes for m in swapped)  # a shape with one
+    assert mlp.down_proj.packed is None and mlp.down_proj.small is not None
+    assert type(model.layers[0].self_attn.o_proj) is torch.nn.Linear
+    ids = list(range(3, 40))
+    assert relative_logit_error(_logits(model, ids), _logits(plain, ids)) < 1e-5

@@ -29,6 +29,10 @@
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define NANOSERVE_SMALL_GEMM 1
 #endif
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#include "small_gemm_avx2.h"
+#define NANOSERVE_SMALL_GEMM_AVX2 1  // both dtypes, 8-wide FMAs (small_gemm_avx2.h)
+#endif
 
 namespace nanoserve {
 
@@ -37,7 +41,7 @@ constexpr int64_t kMaxRows = 8;
 constexpr int64_t kPrefetch = 128;  // 64-byte lines ahead in the weight stream: 8 KiB
 
 bool small_gemm_available() {
-#ifdef NANOSERVE_SMALL_GEMM
+#if defined(NANOSERVE_SMALL_GEMM) || defined(NANOSERVE_SMALL_GEMM_AVX2)
   return true;
 #else
   return false;
@@ -45,7 +49,7 @@ bool small_gemm_available() {
 }
 
 bool small_gemm_f32_available() {
-#ifdef NANOSERVE_SMALL_GEMM_F32
+#if defined(NANOSERVE_SMALL_GEMM_F32) || defined(NANOSERVE_SMALL_GEMM_AVX2)
   return true;
 #else
   return false;
@@ -185,13 +189,13 @@ namespace {
 
 // Blocks [lo, hi) of the packed weight against every row of x, rows 8 at a time; the float32
 // accumulators (plus bias) are rounded to the output's dtype once.
-template <typename T, typename Block>
-void run_blocks(const T* xp, int64_t ldx, int64_t M, const T* wp, int64_t block_elems,
+template <typename T, typename X, typename W, typename Block>
+void run_blocks(const X* xp, int64_t ldx, int64_t M, const W* wp, int64_t block_elems,
                 int64_t inner, const T* bp, T* op, int64_t N, int64_t lo, int64_t hi,
                 const Block* blocks) {
   alignas(64) float acc[kMaxRows * kBlockN];
   for (int64_t nb = lo; nb < hi; ++nb) {
-    const T* wb = wp + nb * block_elems;
+    const W* wb = wp + nb * block_elems;
     for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
       const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
       blocks[rows - 1](xp + m0 * ldx, ldx, wb, inner, acc);
@@ -229,9 +233,34 @@ void small_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
     TORCH_CHECK(bias->numel() == N && bias->scalar_type() == dtype && bias->is_contiguous(),
                 "small_gemm: bias must be (N,) in x's dtype");
   const int64_t ldx = x.stride(0), block_elems = packed.numel() / Nb;
+#if defined(NANOSERVE_SMALL_GEMM_AVX2)
+  using namespace avx2;
+  if (f32) {
+    using Fn = void (*)(const float*, int64_t, const float*, int64_t, float*);
+    constexpr Fn fns[kMaxRows] = {block_f32<1>, block_f32<2>, block_f32<3>, block_f32<4>,
+                                  block_f32<5>, block_f32<6>, block_f32<7>, block_f32<8>};
+    const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+    at::parallel_for(0, Nb, 4, [&](int64_t lo, int64_t hi) {
+      run_blocks(x.data_ptr<float>(), ldx, M, packed.data_ptr<float>(), block_elems, inner, bp,
+                 out.data_ptr<float>(), N, lo, hi, fns);
+    });
+    return;
+  }
+  // bf16: the rows widened to float32 once (exact), so a broadcast is one load
+  using Fn = void (*)(const float*, int64_t, const uint16_t*, int64_t, float*);
+  constexpr Fn fns[kMaxRows] = {block_bf16<1>, block_bf16<2>, block_bf16<3>, block_bf16<4>,
+                                block_bf16<5>, block_bf16<6>, block_bf16<7>, block_bf16<8>};
+  const at::Tensor xf = x.to(at::kFloat).contiguous();  // (M, K)
+  const c10::BFloat16* bp = bias.has_value() ? bias->data_ptr<c10::BFloat16>() : nullptr;
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>());
+  at::parallel_for(0, Nb, 4, [&](int64_t lo, int64_t hi) {
+    run_blocks(xf.data_ptr<float>(), K, M, wp, block_elems, inner, bp,
+               out.data_ptr<c10::BFloat16>(), N, lo, hi, fns);
+  });
+#else
   if (f32) {
 #ifndef NANOSERVE_SMALL_GEMM_F32
-    TORCH_CHECK(false, "small_gemm: float32 built without AVX-512F; use F.linear");
+    TORCH_CHECK(false, "small_gemm: float32 built without AVX-512F or AVX2; use F.linear");
 #else
     const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
     at::parallel_for(0, Nb, 4, [&](int64_t lo, int64_t hi) {
@@ -242,13 +271,14 @@ void small_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
     return;
   }
 #ifndef NANOSERVE_SMALL_GEMM
-  TORCH_CHECK(false, "small_gemm: bf16 built without AVX512-BF16; use F.linear");
+  TORCH_CHECK(false, "small_gemm: bf16 built without AVX512-BF16 or AVX2; use F.linear");
 #else
   const c10::BFloat16* bp = bias.has_value() ? bias->data_ptr<c10::BFloat16>() : nullptr;
   at::parallel_for(0, Nb, 4, [&](int64_t lo, int64_t hi) {
     run_blocks(x.data_ptr<c10::BFloat16>(), ldx, M, packed.data_ptr<c10::BFloat16>(),
                block_elems, inner, bp, out.data_ptr<c10::BFloat16>(), N, lo, hi, kBlocks);
   });
+#endif
 #endif
 }
 

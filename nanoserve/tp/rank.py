@@ -77,10 +77,10 @@ def build_model(spec: RankSpec, comm: Comm) -> torch.nn.Module:
     """This rank's shard of the model, packed and fused as rank 0 decided."""
     plan = ShardPlan(ModelConfig.from_dir(spec.model), spec.tp, comm.rank)
     model = load_shard(spec.model, plan, comm, DTYPES[spec.dtype], spec.device_of(comm.rank))
-    if spec.prepack:
+    if spec.prepack or spec.small_gemm:
         from ..prepack import prepack_model
 
-        prepack_model(model, small_gemm=spec.small_gemm)
+        prepack_model(model, small_gemm=spec.small_gemm, onednn=spec.prepack)
     if spec.kernels:
         from ..fused import fused_forward
 
