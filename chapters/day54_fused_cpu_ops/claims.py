@@ -58,7 +58,8 @@ def nanoserve_ops():
 
 
 def small_gemm_missing() -> str | None:
-    """Why the small-M kernel cannot run here (no AVX512-BF16), or None."""
+    """Why the small-M kernel cannot run here (neither AVX512-BF16 nor AVX2 with FMA), or
+    None."""
     from nanoserve.small_gemm import unavailable
 
     return unavailable()
