@@ -85,10 +85,11 @@ def test_the_packages_choice_follows_the_frozen_rule(ratios, monkeypatch, tmp_pa
     from nanoserve import small_gemm
 
     monkeypatch.setattr(small_gemm, "unavailable", lambda dtype=None: None)
-    monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype=None: dict(ratios))
+    monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype, vs, rows=small_gemm.ROWS:
+                        {m: ratios.get(m, 1.0) for m in rows})  # 64 rows: a tie
     monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
-    assert small_gemm.choose(128, 64) == snap_gemm.small_rows(ratios)
-    assert small_gemm.choose(128, 63) == 0  # an odd K never takes the bf16 kernel
+    assert small_gemm.choose(128, 64, torch.bfloat16, "linear") == snap_gemm.small_rows(ratios)
+    assert small_gemm.choose(128, 63, torch.bfloat16, "linear") == 0  # odd K: never in bf16
 
 
 @pytest.mark.parametrize("ratios,live,frozen", [
@@ -101,15 +102,17 @@ def test_the_live_rule_lets_a_tie_pass_and_wants_a_clear_win(ratios, live, froze
     from nanoserve import small_gemm
 
     monkeypatch.setattr(small_gemm, "unavailable", lambda dtype=None: None)
-    monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype=None: dict(ratios))
+    monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype, vs, rows=small_gemm.ROWS:
+                        {m: ratios.get(m, 1.0) for m in rows})  # 64 rows: a tie
     monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
-    assert (small_gemm.choose(128, 64), snap_gemm.small_rows(ratios)) == (live, frozen)
+    live_rows = small_gemm.choose(128, 64, torch.bfloat16, "linear")
+    assert (live_rows, snap_gemm.small_rows(ratios)) == (live, frozen)
 
 
 def test_the_frozen_small_gemm_reference_matches_the_kernel_within_a_step():
     ops = needs_ops()
     if not ops.small_gemm_available():
-        pytest.skip("the C++ ops were built without AVX512-BF16")
+        pytest.skip("the C++ ops were built without AVX512-BF16 or AVX2 with FMA")
     g = torch.Generator().manual_seed(3)
     w = torch.randn(100, 64, generator=g).bfloat16()
     b = torch.randn(100, generator=g).bfloat16()
