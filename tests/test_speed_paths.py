@@ -285,6 +285,24 @@ def test_dtype_auto_measures_real_linears():
     assert set(ratios) == set(auto_dtype.ROWS) and all(r > 0 for r in ratios.values())
 
 
+def test_dtype_auto_counts_the_small_kernel_where_the_engine_would_run_it(monkeypatch):
+    """Each dtype's time is its faster linear: with the C++ ops, the small-M kernel is an arm
+    of each dtype beside its plain (or packed) linear, every arm runs, and the ratio takes
+    each dtype's best."""
+    from nanoserve import auto_dtype, small_gemm
+    if small_gemm.unavailable(torch.float32) or small_gemm.unavailable(torch.bfloat16):
+        pytest.skip("no small-M kernel for both dtypes here")
+    ran = []
+
+    def best_interleaved(calls, reps, budget):
+        ran.append([len(c()) for c in calls])  # every arm runs, over both projections
+        return [4.0, 1.0, 8.0, 2.0]  # float32 plain, float32 kernel, bf16 plain, bf16 kernel
+    monkeypatch.setattr(auto_dtype, "best_interleaved", best_interleaved)
+    assert auto_dtype.measure(64, 128) == {m: 0.5 for m in auto_dtype.ROWS}
+    assert ran == [[2, 2, 2, 2]] * len(auto_dtype.ROWS)
+    assert auto_dtype.kernel_key().startswith("ops ")
+
+
 def test_dtype_auto_says_what_it_chose(caplog):
     import logging
 
