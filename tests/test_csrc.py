@@ -267,32 +267,36 @@ def test_the_small_gemm_choice_is_measured_once_and_cached(tmp_path, monkeypatch
     import json
     (entry,) = json.loads((tmp_path / "small_gemm.json").read_text()).values()
     timed = set(entry[f"{against}_over_small"])
-    assert entry["rows"] == rows and timed in ({"1", "2", "4", "8"}, {"1", "2", "4", "8", "64"})
+    decode = {"1", "2", "4", "8"}
+    assert entry["rows"] == rows and timed in (decode, decode | {"64"}, decode | {"64", "512"})
     monkeypatch.setattr(small_gemm, "measure", lambda *a: pytest.fail("measured twice"))
     assert small_gemm.choose(64, 128, torch.bfloat16, against) == rows
 
 
-@pytest.mark.parametrize(("at_64", "rows"), [(2.0, "all"), (1.05, 8), (0.5, 8)])
-def test_float32_has_its_own_small_gemm_verdict(tmp_path, monkeypatch, at_64, rows):
+@pytest.mark.parametrize(("at_64", "at_512", "rows"), [
+    (2.0, 2.0, "all"), (2.0, 1.05, 64), (1.05, 2.0, 8), (0.5, 2.0, 8)])
+def test_float32_has_its_own_small_gemm_verdict(tmp_path, monkeypatch, at_64, at_512, rows):
     from nanoserve import small_gemm
     if small_gemm.unavailable(torch.float32):
         pytest.skip(small_gemm.unavailable(torch.float32))
     monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
     seen = []
 
-    def measure(n, k, dtype, against, rows=small_gemm.ROWS):
+    def measure(n, k, dtype, against, rows=small_gemm.ROWS, budget_s=None):
         seen.append((dtype, against, rows))
-        return {m: at_64 if m == small_gemm.ALL_ROWS_PROBE else 2.0 for m in rows}
+        return {m: {64: at_64, 512: at_512}.get(m, 2.0) for m in rows}
     monkeypatch.setattr(small_gemm, "measure", measure)
-    # a clear win at 8 rows is timed at 64 too: a win there as well takes every batch
+    # a clear win at 8 rows is timed at 64, and a win there at 512: winning both takes every
+    # batch; a win at 64 alone, batches up to 64; no win at 64, decode batches only
     want = small_gemm.ALL_ROWS if rows == "all" else rows
     assert small_gemm.choose(64, 127, torch.float32, "linear") == want  # odd K: fine in fp32
     assert small_gemm.choose(64, 127, torch.bfloat16, "linear") == 0  # not in bf16 (k-pairs)
-    assert seen == [(torch.float32, "linear", small_gemm.ROWS),
-                    (torch.float32, "linear", (small_gemm.ALL_ROWS_PROBE,))]
+    probes = [(m,) for m in small_gemm.PREFILL_ROWS][:1 if at_64 < 1.1 else 2]
+    assert seen == [(torch.float32, "linear", small_gemm.ROWS)] + [
+        (torch.float32, "linear", p) for p in probes]
     import json
     (key,) = json.loads((tmp_path / "small_gemm.json").read_text())
-    assert f"|64x127|margin 1.1|float32|vs linear|ops {csrc.build_key()}" in key
+    assert f"|64x127|margin 1.1|float32|vs linear|prefill 64,512|ops {csrc.build_key()}" in key
     assert small_gemm.unavailable(torch.float16) == "no small-M kernel for torch.float16"
     with pytest.raises(ValueError, match="against='gemv'"):
         small_gemm.choose(64, 128, torch.float32, "gemv")

@@ -85,7 +85,7 @@ def test_the_packages_choice_follows_the_frozen_rule(ratios, monkeypatch, tmp_pa
     from nanoserve import small_gemm
 
     monkeypatch.setattr(small_gemm, "unavailable", lambda dtype=None: None)
-    monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype, vs, rows=small_gemm.ROWS:
+    monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype, vs, rows=small_gemm.ROWS, *_:
                         {m: ratios.get(m, 1.0) for m in rows})  # 64 rows: a tie
     monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
     assert small_gemm.choose(128, 64, torch.bfloat16, "linear") == snap_gemm.small_rows(ratios)
@@ -102,7 +102,7 @@ def test_the_live_rule_lets_a_tie_pass_and_wants_a_clear_win(ratios, live, froze
     from nanoserve import small_gemm
 
     monkeypatch.setattr(small_gemm, "unavailable", lambda dtype=None: None)
-    monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype, vs, rows=small_gemm.ROWS:
+    monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype, vs, rows=small_gemm.ROWS, *_:
                         {m: ratios.get(m, 1.0) for m in rows})  # 64 rows: a tie
     monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
     live_rows = small_gemm.choose(128, 64, torch.bfloat16, "linear")
