@@ -158,26 +158,31 @@ if HAVE_OPS:
 # ## 6. The small-M matmul on this machine
 #
 # `build/small_gemm.json` holds each weight shape's verdict, measured once per CPU, torch
-# version, thread count, dtype and build of the kernels: oneDNN's time over the small kernel's
-# at 1, 2, 4 and 8 rows, and the largest batch the small kernel takes (0: never). Then one
-# shape, timed now.
+# version, thread count, dtype, the linear it was timed against (oneDNN's packed one, or
+# `F.linear` where oneDNN does not pack) and build of the kernels: that linear's time over the
+# small kernel's at 1, 2, 4 and 8 rows (and 64 and 512 after a win at 8), and the largest batch
+# the small kernel takes (0: never). Then one shape against oneDNN, timed now, where oneDNN has
+# a bf16 kernel.
 
 # %%
-from nanoserve.small_gemm import cache_path
+from nanoserve.small_gemm import ALL_ROWS, cache_path
 
 table = json.loads(cache_path().read_text()) if cache_path().is_file() else {}
 mine = {k: v for k, v in table.items()
         if k.startswith(f"{csrc.cpu_signature()}|torch {torch.__version__}|")
         and k.endswith(f"|ops {csrc.build_key()}")}
 for key, row in sorted(mine.items()):
-    _, _, threads, shape, _, dtype, _ = key.split("|")  # cpu|torch|threads|shape|margin|dtype|ops
-    ratios = "  ".join(f"{m} row(s) {r:5.2f}" for m, r in row["onednn_over_small"].items())
-    takes = f"up to {row['rows']} rows" if row["rows"] else "never"
-    print(f"{shape:>10s} {dtype:>8s}, {threads}: {ratios}  -> small kernel {takes}")
+    # cpu|torch|threads|shape|margin|dtype|vs <linear>|prefill <rows>|ops
+    _, _, threads, shape, _, dtype, against, *_ = key.split("|")
+    (over,) = (v for k, v in row.items() if k.endswith("_over_small"))
+    ratios = "  ".join(f"{m} row(s) {r:5.2f}" for m, r in over.items())
+    takes = ("every batch" if row["rows"] >= ALL_ROWS else
+             f"up to {row['rows']} rows" if row["rows"] else "never")
+    print(f"{shape:>10s} {dtype:>8s}, {threads}, {against}: {ratios}  -> small kernel {takes}")
 if not mine:
-    print("no choices measured on this machine yet (a bf16 LLM with kernels on measures them)")
+    print("no choices measured on this machine yet (an LLM with kernels on measures them)")
 
-why_small = claims.small_gemm_missing()
+why_small = claims.small_gemm_missing() or claims.bf16_decode_missing()
 if why_small is None:
     for rows in (1, 2, 4, 8):
         print(f"o_proj 576 -> 576, {rows} row(s): oneDNN / small = "
