@@ -205,8 +205,7 @@ def prepack_model(model: nn.Module, small_gemm: bool = False, onednn: bool = Tru
     otherwise run (oneDNN's packed one, or ``F.linear`` without ``onednn``). Without
     ``onednn``, a shape the small kernel does not take stays an ``nn.Linear``. Returns how many
     weights were packed."""
-    if model.packed_head is not None or any(isinstance(m, PackedLinear)
-                                            for m in model.modules()):
+    if any(isinstance(m, PackedLinear) for m in model.modules()):  # the head's too
         raise ValueError("this model's weights are already packed")
     if not (onednn or small_gemm):
         raise ValueError("prepack_model: nothing to pack (neither onednn nor small_gemm)")

@@ -237,8 +237,8 @@ void small_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
   using namespace avx2;
   if (f32) {
     using Fn = void (*)(const float*, int64_t, const float*, int64_t, float*);
-    constexpr Fn fns[kMaxRows] = {block_f32<1>, block_f32<2>, block_f32<3>, block_f32<4>,
-                                  block_f32<5>, block_f32<6>, block_f32<7>, block_f32<8>};
+    constexpr Fn fns[kMaxRows] = {block<1, F32>, block<2, F32>, block<3, F32>, block<4, F32>,
+                                  block<5, F32>, block<6, F32>, block<7, F32>, block<8, F32>};
     const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
     at::parallel_for(0, Nb, 4, [&](int64_t lo, int64_t hi) {
       run_blocks(x.data_ptr<float>(), ldx, M, packed.data_ptr<float>(), block_elems, inner, bp,
@@ -248,8 +248,8 @@ void small_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
   }
   // bf16: the rows widened to float32 once (exact), so a broadcast is one load
   using Fn = void (*)(const float*, int64_t, const uint16_t*, int64_t, float*);
-  constexpr Fn fns[kMaxRows] = {block_bf16<1>, block_bf16<2>, block_bf16<3>, block_bf16<4>,
-                                block_bf16<5>, block_bf16<6>, block_bf16<7>, block_bf16<8>};
+  constexpr Fn fns[kMaxRows] = {block<1, BF16>, block<2, BF16>, block<3, BF16>, block<4, BF16>,
+                                block<5, BF16>, block<6, BF16>, block<7, BF16>, block<8, BF16>};
   const at::Tensor xf = x.to(at::kFloat).contiguous();  // (M, K)
   const c10::BFloat16* bp = bias.has_value() ? bias->data_ptr<c10::BFloat16>() : nullptr;
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>());

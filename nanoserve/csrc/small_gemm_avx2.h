@@ -124,44 +124,45 @@ struct Plan {
   static_assert(kRest <= 2, "a 32-column tile holds at most 2 rows (8 accumulators)");
 };
 
-// One block, chunk by chunk, through the tiles Plan<M> names (tile_f32 or tile_bf16 each).
-template <int M, typename T, typename W,
-          void (*Tall)(const T*, int64_t, const W*, int64_t, int64_t, int, bool, int64_t, float*),
-          void (*Tall2)(const T*, int64_t, const W*, int64_t, int64_t, int, bool, int64_t, float*),
-          void (*Rest)(const T*, int64_t, const W*, int64_t, int64_t, int, bool, int64_t, float*)>
-inline void run_block(const T* x, int64_t ldx, const W* wb, int64_t rows, float* acc_out) {
+// The two weight kinds, each its tile function under one name, so that one block walk serves
+// both (the rows are float32 in either: bf16 rows are widened before the walk).
+struct F32 {
+  using W = float;
+  template <int R, int C, int PF>
+  static void tile(const float* x, int64_t ldx, const W* wb, int64_t k0, int64_t k1, int c0,
+                   bool first, int64_t ahead, float* acc_out) {
+    tile_f32<R, C, PF>(x, ldx, wb, k0, k1, c0, first, ahead, acc_out);
+  }
+};
+
+struct BF16 {
+  using W = uint16_t;
+  template <int R, int C, int PF>
+  static void tile(const float* x, int64_t ldx, const W* wb, int64_t k0, int64_t k1, int c0,
+                   bool first, int64_t ahead, float* acc_out) {
+    tile_bf16<R, C, PF>(x, ldx, wb, k0, k1, c0, first, ahead, acc_out);
+  }
+};
+
+// One block of M rows, chunk by chunk, through the tiles Plan<M> names; `rows` is the block's
+// depth in packed rows (K for float32, K/2 k-pairs for bf16).
+template <int M, typename Kind>
+void block(const float* x, int64_t ldx, const typename Kind::W* wb, int64_t rows,
+           float* acc_out) {
   using P = Plan<M>;
   // one tile: kPrefetch ahead in this block's stream; several: the same row of the next block
   const int64_t ahead = P::kTall > 0 ? rows * kRowBytes : kPrefetch;
   for (int64_t k0 = 0; k0 < rows; k0 += kChunk) {
     const int64_t k1 = k0 + kChunk < rows ? k0 + kChunk : rows;
     const bool first = k0 == 0;
-    if constexpr (P::kTall > 0) {
-      Tall(x, ldx, wb, k0, k1, 0, first, ahead, acc_out);
-      Tall2(x, ldx, wb, k0, k1, 2, first, ahead, acc_out);
+    if constexpr (P::kTall > 0) {  // a 16-column tile over each half, both lines prefetched
+      Kind::template tile<P::kTall, 2, 1>(x, ldx, wb, k0, k1, 0, first, ahead, acc_out);
+      Kind::template tile<P::kTall, 2, 2>(x, ldx, wb, k0, k1, 2, first, ahead, acc_out);
     }
-    if constexpr (P::kRest > 0)
-      Rest(x + P::kTall * ldx, ldx, wb, k0, k1, 0, first, ahead,
-           acc_out + P::kTall * kBlockN);
+    if constexpr (P::kRest > 0)  // it prefetches only where it is the block's one tile
+      Kind::template tile<P::kRest, 4, P::kTall == 0 ? 3 : 0>(
+          x + P::kTall * ldx, ldx, wb, k0, k1, 0, first, ahead, acc_out + P::kTall * kBlockN);
   }
-}
-
-template <int M>
-void block_f32(const float* x, int64_t ldx, const float* wb, int64_t K, float* acc_out) {
-  using P = Plan<M>;
-  constexpr int T = P::kTall > 0 ? P::kTall : 1;
-  constexpr int Q = P::kRest > 0 ? P::kRest : 1;
-  run_block<M, float, float, tile_f32<T, 2, 1>, tile_f32<T, 2, 2>,
-            tile_f32<Q, 4, P::kTall == 0 ? 3 : 0>>(x, ldx, wb, K, acc_out);
-}
-
-template <int M>
-void block_bf16(const float* x, int64_t ldx, const uint16_t* wb, int64_t K2, float* acc_out) {
-  using P = Plan<M>;
-  constexpr int T = P::kTall > 0 ? P::kTall : 1;
-  constexpr int Q = P::kRest > 0 ? P::kRest : 1;
-  run_block<M, float, uint16_t, tile_bf16<T, 2, 1>, tile_bf16<T, 2, 2>,
-            tile_bf16<Q, 4, P::kTall == 0 ? 3 : 0>>(x, ldx, wb, K2, acc_out);
 }
 
 }  // namespace avx2
