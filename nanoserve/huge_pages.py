@@ -67,10 +67,13 @@ def place(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], str]:
     total = sum(sizes)
     whole = -(-total // HUGE_PAGE) * HUGE_PAGE  # the last page whole too, so it can be huge
     region = mmap.mmap(-1, whole + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: faults then take 2 MiB pages
     raw = torch.frombuffer(region, dtype=torch.uint8)  # the views keep the mapping alive
     offset = -raw.data_ptr() % HUGE_PAGE
     start = raw.data_ptr() + offset
+    # Advise only the aligned range, before the first touch (faults then take 2 MiB pages).
+    # The unadvised slack after it (never empty) keeps that range its own mapping in smaps:
+    # advised neighbours would merge with it, and their huge pages would count as ours.
+    region.madvise(mmap.MADV_HUGEPAGE, offset, whole)
     views = []
     for t, size in zip(tensors, sizes, strict=True):
         nbytes = t.numel() * t.element_size()
