@@ -67,53 +67,63 @@ inline void store_acc(const __m256 (&acc)[R][C], float* acc_out, int c0) {
       _mm256_storeu_ps(acc_out + m * kBlockN + 8 * (c0 + c), acc[m][c]);
 }
 
-// Rows [0, R) x columns [8 c0, 8 (c0 + C)) of one float32 block, over k in [k0, k1).
-template <int R, int C, int PF>
-inline void tile_f32(const float* x, int64_t ldx, const float* wb, int64_t k0, int64_t k1,
-                     int c0, bool first, int64_t ahead, float* acc_out) {
-  __m256 acc[R][C];
-  load_acc<R, C>(acc, acc_out, c0, first);
-  for (int64_t k = k0; k < k1; ++k) {
-    const float* w = wb + k * kBlockN + 8 * c0;
-    prefetch_row<PF>(wb, k, ahead);
-    __m256 wv[C];
-    NANOSERVE_UNROLL for (int c = 0; c < C; ++c) wv[c] = _mm256_loadu_ps(w + 8 * c);
-    NANOSERVE_UNROLL for (int m = 0; m < R; ++m) {
-      const __m256 xv = _mm256_broadcast_ss(x + m * ldx + k);
-      NANOSERVE_UNROLL for (int c = 0; c < C; ++c)
-        acc[m][c] = _mm256_fmadd_ps(xv, wv[c], acc[m][c]);
-    }
-  }
-  store_acc<R, C>(acc, acc_out, c0);
-}
+// The two weight kinds, each a tile under one name, so that one block walk serves both (the
+// rows are float32 in either: bf16 rows are widened before the walk).
+struct F32 {
+  using W = float;
 
-// The same over a bf16 block's k-pairs [k0, k1); x has been widened to float32 rows already.
-template <int R, int C, int PF>
-inline void tile_bf16(const float* x, int64_t ldx, const uint16_t* wb, int64_t k0, int64_t k1,
-                      int c0, bool first, int64_t ahead, float* acc_out) {
-  const __m256i hi_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  __m256 acc[R][C];
-  load_acc<R, C>(acc, acc_out, c0, first);
-  for (int64_t kk = k0; kk < k1; ++kk) {
-    const uint16_t* w = wb + kk * 2 * kBlockN + 16 * c0;  // 16 bf16: 8 columns x (k, k+1)
-    prefetch_row<PF>(wb, kk, ahead);
-    __m256 even[C], odd[C];
-    NANOSERVE_UNROLL for (int c = 0; c < C; ++c) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * c));
-      even[c] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));  // element 2j: bits 0-15
-      odd[c] = _mm256_castsi256_ps(_mm256_and_si256(v, hi_half));  // element 2j+1: bits 16-31
-    }
-    NANOSERVE_UNROLL for (int m = 0; m < R; ++m) {
-      const __m256 x0 = _mm256_broadcast_ss(x + m * ldx + 2 * kk);
-      const __m256 x1 = _mm256_broadcast_ss(x + m * ldx + 2 * kk + 1);
-      NANOSERVE_UNROLL for (int c = 0; c < C; ++c) {
-        acc[m][c] = _mm256_fmadd_ps(x0, even[c], acc[m][c]);
-        acc[m][c] = _mm256_fmadd_ps(x1, odd[c], acc[m][c]);
+  // Rows [0, R) x columns [8 c0, 8 (c0 + C)) of one float32 block, over k in [k0, k1).
+  template <int R, int C, int PF>
+  static void tile(const float* x, int64_t ldx, const float* wb, int64_t k0, int64_t k1,
+                   int c0, bool first, int64_t ahead, float* acc_out) {
+    __m256 acc[R][C];
+    load_acc<R, C>(acc, acc_out, c0, first);
+    for (int64_t k = k0; k < k1; ++k) {
+      const float* w = wb + k * kBlockN + 8 * c0;
+      prefetch_row<PF>(wb, k, ahead);
+      __m256 wv[C];
+      NANOSERVE_UNROLL for (int c = 0; c < C; ++c) wv[c] = _mm256_loadu_ps(w + 8 * c);
+      NANOSERVE_UNROLL for (int m = 0; m < R; ++m) {
+        const __m256 xv = _mm256_broadcast_ss(x + m * ldx + k);
+        NANOSERVE_UNROLL for (int c = 0; c < C; ++c)
+          acc[m][c] = _mm256_fmadd_ps(xv, wv[c], acc[m][c]);
       }
     }
+    store_acc<R, C>(acc, acc_out, c0);
   }
-  store_acc<R, C>(acc, acc_out, c0);
-}
+};
+
+struct BF16 {
+  using W = uint16_t;
+
+  // The same over a bf16 block's k-pairs [k0, k1); x has been widened to float32 rows already.
+  template <int R, int C, int PF>
+  static void tile(const float* x, int64_t ldx, const uint16_t* wb, int64_t k0, int64_t k1,
+                   int c0, bool first, int64_t ahead, float* acc_out) {
+    const __m256i hi_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    __m256 acc[R][C];
+    load_acc<R, C>(acc, acc_out, c0, first);
+    for (int64_t kk = k0; kk < k1; ++kk) {
+      const uint16_t* w = wb + kk * 2 * kBlockN + 16 * c0;  // 16 bf16: 8 columns x (k, k+1)
+      prefetch_row<PF>(wb, kk, ahead);
+      __m256 even[C], odd[C];
+      NANOSERVE_UNROLL for (int c = 0; c < C; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * c));
+        even[c] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));  // element 2j: bits 0-15
+        odd[c] = _mm256_castsi256_ps(_mm256_and_si256(v, hi_half));  // element 2j+1: bits 16-31
+      }
+      NANOSERVE_UNROLL for (int m = 0; m < R; ++m) {
+        const __m256 x0 = _mm256_broadcast_ss(x + m * ldx + 2 * kk);
+        const __m256 x1 = _mm256_broadcast_ss(x + m * ldx + 2 * kk + 1);
+        NANOSERVE_UNROLL for (int c = 0; c < C; ++c) {
+          acc[m][c] = _mm256_fmadd_ps(x0, even[c], acc[m][c]);
+          acc[m][c] = _mm256_fmadd_ps(x1, odd[c], acc[m][c]);
+        }
+      }
+    }
+    store_acc<R, C>(acc, acc_out, c0);
+  }
+};
 
 // The tiles for M rows: up to 6 rows in 16-column tiles (two of them), the rest (at most 2)
 // in one 32-column tile.
@@ -122,26 +132,6 @@ struct Plan {
   static constexpr int kTall = M <= 2 ? 0 : (M < 6 ? M : 6);
   static constexpr int kRest = M - kTall;
   static_assert(kRest <= 2, "a 32-column tile holds at most 2 rows (8 accumulators)");
-};
-
-// The two weight kinds, each its tile function under one name, so that one block walk serves
-// both (the rows are float32 in either: bf16 rows are widened before the walk).
-struct F32 {
-  using W = float;
-  template <int R, int C, int PF>
-  static void tile(const float* x, int64_t ldx, const W* wb, int64_t k0, int64_t k1, int c0,
-                   bool first, int64_t ahead, float* acc_out) {
-    tile_f32<R, C, PF>(x, ldx, wb, k0, k1, c0, first, ahead, acc_out);
-  }
-};
-
-struct BF16 {
-  using W = uint16_t;
-  template <int R, int C, int PF>
-  static void tile(const float* x, int64_t ldx, const W* wb, int64_t k0, int64_t k1, int c0,
-                   bool first, int64_t ahead, float* acc_out) {
-    tile_bf16<R, C, PF>(x, ldx, wb, k0, k1, c0, first, ahead, acc_out);
-  }
 };
 
 // One block of M rows, chunk by chunk, through the tiles Plan<M> names; `rows` is the block's
