@@ -11,7 +11,7 @@ import pytest
 
 from nanoserve import LLM
 from nanoserve.bench import steps
-from nanoserve.bench.workload import make_workload
+from nanoserve.bench.offline import workload_for
 from nanoserve.llm import DEFAULT_MODEL
 
 
@@ -23,9 +23,9 @@ def test_kinds_and_the_refusal():
 
 
 def test_the_default_run_steps_are_counted_exactly():
+    wl, max_model_len = workload_for(DEFAULT_MODEL)  # bench offline's workload
     llm = LLM(DEFAULT_MODEL, dtype="float32", skip_tokenizer_init=True, max_num_seqs=8,
-              max_model_len=1024)
-    wl = make_workload()
+              max_model_len=max_model_len)
     inner = llm.engine.step
     b = steps.run(llm, wl)
     assert llm.engine.step == inner and "step" not in vars(llm.engine)  # unwrapped again

@@ -47,7 +47,7 @@ from .adapters import DEFAULT_VLLM_VENV, ENGINES, Setup
 from .hardware import describe_hardware, hardware
 from .runner import run_offline
 from .shapes import SHAPES, shape_checkpoint
-from .workload import make_workload
+from .workload import Workload, make_workload
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -71,6 +71,18 @@ def _option(text: str) -> tuple[str, object]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key.replace("-", "_"), _json_or_str(value)
+
+
+def workload_for(model: Path, requests: int = 16, prompt_lens: tuple[int, int] = (16, 192),
+                 gen_lens: tuple[int, int] = (16, 128), seed: int = 0) -> tuple[Workload, int]:
+    """The seeded workload over the checkpoint's vocabulary, and the ``max_model_len`` it
+    needs (refused where the model has fewer positions)."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    wl = make_workload(requests, prompt_lens, gen_lens, config["vocab_size"], seed)
+    if wl.max_len > config["max_position_embeddings"]:
+        raise ValueError(f"the workload needs {wl.max_len} positions; the model has "
+                         f"{config['max_position_embeddings']}")
+    return wl, wl.max_len
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -114,19 +126,14 @@ def main(args: argparse.Namespace) -> int:
     try:
         model = Path(args.model) if args.model else (
             shape_checkpoint(args.shape) if args.shape else DEFAULT_MODEL)
-        config = json.loads((model / "config.json").read_text())
-        wl = make_workload(args.requests, args.prompt_lens, args.gen_lens,
-                           config["vocab_size"], args.seed)
+        wl, max_model_len = workload_for(model, args.requests, args.prompt_lens, args.gen_lens,
+                                         args.seed)
         if args.batch < 1:
             raise ValueError(f"--batch must be >= 1, got {args.batch}")
         options = dict(args.llm_option)
         for key in ("attention", "compile"):
             if getattr(args, key) is not None:
                 options[key] = getattr(args, key)
-        max_model_len = min(wl.max_len, config["max_position_embeddings"])
-        if wl.max_len > max_model_len:
-            raise ValueError(f"the workload needs {wl.max_len} positions; the model has "
-                             f"{max_model_len}")
         setup = Setup(model, args.dtype, device, args.batch, max_model_len, options,
                       Path(args.vllm_venv), dict(args.vllm_option))
         engines = [e.strip() for e in args.engines.split(",") if e.strip()]

@@ -7,7 +7,8 @@ beside decodes in one packed forward) and a couple of hundred decode steps, many
 ragged tail, where fewer than 8 rows still stream every weight. Which of those the time goes to
 decides what is worth making faster: the prefill's GEMMs, the 8-row decode step, or the
 one-to-three-row tail that only memory bandwidth can speed up. This command runs the same
-workload as ``bench offline`` through the public ``LLM``, wraps its engine's ``step`` with a
+workload as ``bench offline`` (``offline.workload_for``: the checkpoint's vocabulary, the
+``max_model_len`` the prompts need) through the public ``LLM``, wraps its engine's ``step`` with a
 timer, and prints, per step kind, the count, total seconds, milliseconds a step and tokens.
 The counts depend only on the scheduler and the workload, so they are the same on every
 machine; the times are one process on one machine, absolute, so quote them with it.
@@ -28,7 +29,7 @@ import torch
 
 from .. import LLM, SamplingParams
 from ..config import DEFAULT_MODEL
-from .workload import Workload, make_workload
+from .workload import Workload
 
 
 @dataclass
@@ -129,6 +130,7 @@ def report(b: Breakdown) -> str:
 
 
 def main(argv=None) -> None:
+    from .offline import workload_for
     from .shapes import SHAPES, shape_checkpoint
 
     p = argparse.ArgumentParser(prog="python -m nanoserve.bench.steps")
@@ -144,13 +146,13 @@ def main(argv=None) -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     model = DEFAULT_MODEL if a.shape == "tiny" else shape_checkpoint(a.shape)
+    wl, max_model_len = workload_for(model, a.requests)
     llm = LLM(model, dtype=a.dtype, skip_tokenizer_init=True, max_num_seqs=a.batch,
-              max_model_len=1024)
-    wl = make_workload(a.requests)
+              max_model_len=max_model_len)
     print(f"{a.shape}, {llm.dtype}, {a.requests} requests (prompts 16-192, outputs 16-128), "
           f"{a.batch} rows, torch {torch.get_num_threads()} thread(s), CPUs "
           f"{llm.binding.cpus or 'not pinned'}; {llm.kernels_reason}")
-    run(llm, make_workload(4, seed=1))  # warm-up: verdicts measured, buffers made
+    run(llm, wl.head(a.batch, max_tokens=8))  # the warm-up bench offline runs
     for r in range(a.rounds):
         if a.profile and r == a.rounds - 1:
             from torch.profiler import ProfilerActivity, profile
