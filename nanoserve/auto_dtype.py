@@ -14,9 +14,12 @@ ran bf16 faster than float32 end to end. bfloat16 is chosen only if it is at lea
 faster over the two batches (the geometric mean of the two time ratios): it costs accuracy, so a
 tie goes to float32. The verdict is cached per CPU model, torch version, thread count and shape
 in ``build/dtype_auto.json`` (``measured.cached``), so the same machine always gives the same
-default, and ``llm.dtype_reason`` quotes the measured ratio.
+default, and ``llm.dtype_reason`` quotes the measured ratio. An engine that will not run an
+arm does not time it: ``kernels=False`` or ``prepack=False`` leaves the small-M kernel out, and
+``prepack=False`` oneDNN's packed bf16 linear too (``kernel``, ``onednn``; both in the key).
 
     dtype, why = choose(hidden_size=576, intermediate_size=1536)
+    dtype, why = choose(576, 1536, kernel=False)   # an engine with kernels=False
 """
 
 from __future__ import annotations
@@ -40,11 +43,12 @@ def cache_path() -> Path:
     return cache_dir() / "dtype_auto.json"
 
 
-def _bf16_linear(w: torch.Tensor):
-    """The bf16 linear the engine would run: packed for oneDNN where it can be, else plain."""
+def _bf16_linear(w: torch.Tensor, onednn: bool = True):
+    """The bf16 linear the engine would run: packed for oneDNN where it can be (and
+    ``onednn``), else plain."""
     from .prepack import unavailable
 
-    if unavailable(torch.device("cpu"), torch.bfloat16) is None:
+    if onednn and unavailable(torch.device("cpu"), torch.bfloat16) is None:
         packed = torch.ops.mkldnn._reorder_linear_weight(w, ROWS[0])
         return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     return lambda x: F.linear(x, w)
@@ -65,26 +69,30 @@ def _small_linear(w: torch.Tensor):
     return run
 
 
-def kernel_key() -> str:
-    """What the measurement depends on besides the machine: which C++ build, if any, it timed."""
+def kernel_key(kernel: bool = True, onednn: bool = True) -> str:
+    """What the measurement depends on besides the machine: which C++ build, if any, it timed,
+    and whether oneDNN's packed linear was an arm."""
     from . import csrc
     from .small_gemm import unavailable
 
-    return "no small-M kernel" if unavailable(torch.float32) else f"ops {csrc.build_key()}"
+    key = ("no small-M kernel" if not kernel or unavailable(torch.float32)
+           else f"ops {csrc.build_key()}")
+    return key if onednn else f"{key}|no oneDNN packing"
 
 
 @torch.inference_mode()
-def measure(hidden: int, intermediate: int) -> dict[int, float]:
+def measure(hidden: int, intermediate: int, kernel: bool = True,
+            onednn: bool = True) -> dict[int, float]:
     """float32 time / bf16 time at each row count, over the up (gate and up fused) and the
     down projection of one MLP, on random weights of the model's shape; each dtype's time is
-    its faster linear (``_bf16_linear`` or ``F.linear``, or the small-M kernel)."""
+    its faster linear (``_bf16_linear`` or ``F.linear``, or the small-M kernel where ``kernel``)."""
     g = torch.Generator().manual_seed(0)
     shapes = ((2 * intermediate, hidden), (hidden, intermediate))  # (N, K) each
     weights = [torch.randn(n, k, generator=g) * k ** -0.5 for n, k in shapes]
     linears = {torch.float32: [[lambda x, w=w: F.linear(x, w) for w in weights]],
-               torch.bfloat16: [[_bf16_linear(w.bfloat16()) for w in weights]]}
+               torch.bfloat16: [[_bf16_linear(w.bfloat16(), onednn) for w in weights]]}
     for dtype, arms in linears.items():
-        small = [_small_linear(w.to(dtype)) for w in weights]
+        small = [_small_linear(w.to(dtype)) for w in weights] if kernel else [None]
         if all(small):
             arms.append(small)
     ratios = {}
@@ -103,12 +111,16 @@ def measure(hidden: int, intermediate: int) -> dict[int, float]:
     return ratios
 
 
-def choose(hidden: int, intermediate: int) -> tuple[torch.dtype, str]:
-    """(dtype, why) for ``dtype="auto"`` on this CPU and a model of this MLP shape."""
-    key = f"{machine_key()}|{hidden}x{intermediate}|margin {MARGIN}|{kernel_key()}"
+def choose(hidden: int, intermediate: int, kernel: bool = True,
+           onednn: bool = True) -> tuple[torch.dtype, str]:
+    """(dtype, why) for ``dtype="auto"`` on this CPU and a model of this MLP shape, timing
+    only the linears an engine with these settings runs (``kernel``: the small-M kernel may
+    run; ``onednn``: bf16 may be packed for oneDNN)."""
+    key = (f"{machine_key()}|{hidden}x{intermediate}|margin {MARGIN}|"
+           f"{kernel_key(kernel, onednn)}")
 
     def verdict() -> dict:
-        ratios = measure(hidden, intermediate)
+        ratios = measure(hidden, intermediate, kernel, onednn)
         gain = math.prod(ratios.values()) ** (1 / len(ratios))
         return {"dtype": "bfloat16" if gain >= MARGIN else "float32", "gain": round(gain, 3),
                 "fp32_over_bf16": {str(m): round(r, 3) for m, r in ratios.items()}}

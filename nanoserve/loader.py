@@ -79,7 +79,9 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
         ShardPlan(mc, tp, 0)
     tokenizer = None if cfg.skip_tokenizer_init else Tokenizer.from_dir(cfg.model)
     device = torch.device(cfg.device)
-    dtype, why = choose_dtype(cfg.dtype, mc, device)  # "auto" on a CPU: measured, cached
+    # "auto" on a CPU: measured (only the linears these settings let the engine run), cached
+    dtype, why = choose_dtype(cfg.dtype, mc, device, kernel=cfg.kernels is not False
+                              and cfg.prepack is not False, onednn=cfg.prepack is not False)
     log.info("dtype=%s: %s (%s)", cfg.dtype, str(dtype).removeprefix("torch."), why)
     prepacked, prepack_why = resolve_prepack(cfg.prepack, device, dtype, cfg.compile,
                                              (mc.hidden_size, mc.intermediate_size))

@@ -73,13 +73,16 @@ def resolve_dtype(dtype: str | torch.dtype, cfg: ModelConfig | None = None,
 
 
 def choose_dtype(dtype: str | torch.dtype, cfg: ModelConfig | None = None,
-                 device: str | torch.device = "cpu") -> tuple[torch.dtype, str]:
+                 device: str | torch.device = "cpu", kernel: bool = True,
+                 onednn: bool = True) -> tuple[torch.dtype, str]:
     """(torch dtype, why) for a user's dtype.
 
     ``"auto"`` means the checkpoint's own dtype on a card. On a CPU it is whichever of bfloat16
     and float32 this processor runs the model's linears faster, measured once at load and cached
     per CPU model (``auto_dtype.choose``): the flags do not decide it (Day 52's flag rule stays
-    in that chapter's snapshot). An explicit dtype is taken "as asked".
+    in that chapter's snapshot). ``kernel`` and ``onednn`` say whether the engine may run the
+    small-M kernel and oneDNN's packed linear; an arm it will not run is not timed. An explicit
+    dtype is taken "as asked".
     """
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
@@ -91,7 +94,7 @@ def choose_dtype(dtype: str | torch.dtype, cfg: ModelConfig | None = None,
 
             shape = (cfg.hidden_size, cfg.intermediate_size) if cfg is not None \
                 else DEFAULT_SHAPE
-            return choose(*shape)
+            return choose(*shape, kernel=kernel, onednn=onednn)
         if cfg is None:
             return torch.float32, "no checkpoint dtype given"
         return DTYPES.get(cfg.torch_dtype, torch.float32), "the checkpoint's dtype"

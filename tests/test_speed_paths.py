@@ -235,7 +235,7 @@ def test_greedy_tokens_identical_across_paths_on_the_shipped_model():
 def fake_measure(ratios: dict[int, float]):
     calls = []
 
-    def measure(hidden, intermediate):
+    def measure(hidden, intermediate, kernel=True, onednn=True):
         calls.append((hidden, intermediate))
         return ratios
     return measure, calls
@@ -301,6 +301,32 @@ def test_dtype_auto_counts_the_small_kernel_where_the_engine_would_run_it(monkey
     assert auto_dtype.measure(64, 128) == {m: 0.5 for m in auto_dtype.ROWS}
     assert ran == [[2, 2, 2, 2]] * len(auto_dtype.ROWS)
     assert auto_dtype.kernel_key().startswith("ops ")
+
+
+def test_dtype_auto_times_only_the_linears_the_engine_will_run(monkeypatch):
+    """kernels=False (or prepack=False) leaves the small-M kernel out of the timing, and
+    prepack=False oneDNN's packing too: the verdict is for the engine being built, and its cache
+    key says which arms it timed."""
+    from nanoserve import auto_dtype
+    ran = []
+
+    def best_interleaved(calls, reps, budget):
+        ran.append(len(calls))
+        return [1.0] * len(calls)
+    monkeypatch.setattr(auto_dtype, "best_interleaved", best_interleaved)
+    auto_dtype.measure(64, 128, kernel=False)
+    assert ran == [2] * len(auto_dtype.ROWS)  # float32 F.linear and one bf16 linear, no kernel
+    assert auto_dtype.kernel_key(kernel=False) == "no small-M kernel"
+    assert auto_dtype.kernel_key(onednn=False).endswith("|no oneDNN packing")
+    seen = []
+
+    def choose(hidden, intermediate, kernel=True, onednn=True):
+        seen.append((kernel, onednn))
+        return torch.float32, "measured here (fake)"
+    monkeypatch.setattr(auto_dtype, "choose", choose)
+    for kw in ({"kernels": False}, {"prepack": False}, {}):
+        assert LLM(dtype="auto", **kw).dtype_reason == "measured here (fake)"
+    assert seen == [(False, True), (False, False), (True, True)]
 
 
 def test_dtype_auto_says_what_it_chose(caplog):
