@@ -49,7 +49,7 @@ def cpu_with(flags: set[str], ratios: dict[int, float] | None = None):
     weights.cpu_flags = lambda: set(flags)
     with tempfile.TemporaryDirectory() as scratch:
         if ratios is not None:
-            auto_dtype.measure = lambda hidden, intermediate: dict(ratios)
+            auto_dtype.measure = lambda hidden, intermediate, kernel=True, onednn=True: dict(ratios)
             auto_dtype.cache_path = lambda: Path(scratch) / "dtype_auto.json"
         try:
             yield
