@@ -205,8 +205,14 @@ class Engine:
         tokens = sample_requests(logits, requests)
         return [r for r, t in zip(requests, tokens, strict=True) if r.append_token(t)]
 
+    @torch.inference_mode()
     def step(self, out) -> list[Request]:
         """One iteration: prefill the chunks, decode the running; returns who finished.
+
+        Always under inference mode, whoever steps: ``LLM`` and the async engine enter it, but a
+        caller of ``EngineCore.step`` need not, and with autograd on every op records a graph no
+        one will use (and oneDNN's packed linear chose its training primitive; see
+        ``PackedLinear.run``).
 
         Chunked prefill (``out.mixed``, Day 41) puts both in one packed forward: each chunk's
         tokens, then each decode's one token, every row at its own positions. A step with no

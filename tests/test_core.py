@@ -176,3 +176,28 @@ def test_the_fault_hook_fails_one_step_and_nothing_else():
     fresh = LLM(SHIPPED, dtype="float32", block_size=4, max_num_seqs=2, skip_tokenizer_init=True)
     assert [o.token_ids for o in again] == [o.token_ids for o in fresh.generate(
         [[3, 4], [5, 6], [7, 8]], params)]
+
+
+def test_a_step_runs_under_inference_mode_whoever_calls_it(llm, monkeypatch):
+    """EngineCore.step from plain code (no inference_mode of the caller's): the model still
+    runs under inference mode, so no op records an autograd graph (and oneDNN's packed linear
+    never picks its training primitive), and the step's text is the one generate gives."""
+    core, model = llm.core, llm.engine.model
+    seen, real = [], model.forward
+
+    def forward(*a, **k):
+        seen.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
+        return real(*a, **k)
+    monkeypatch.setattr(model, "forward", forward)
+    params = SamplingParams(max_tokens=5, **GREEDY)
+    core.add_request("plain", [3, 4, 5], params)
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    tokens = []
+    for _ in range(100):
+        if not core.has_unfinished():
+            break
+        tokens += [t for d in core.step() for t in d.new_token_ids]
+    core.check_drained()
+    assert seen and all(s == (True, False) for s in seen)
+    monkeypatch.setattr(model, "forward", real)
+    assert tokens == llm.generate([[3, 4, 5]], params)[0].token_ids

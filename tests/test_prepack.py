@@ -155,3 +155,22 @@ def test_small_copies_stand_alone_where_onednn_does_not_pack(hf_checkpoint, monk
     assert type(model.layers[0].self_attn.o_proj) is torch.nn.Linear
     ids = list(range(3, 40))
     assert relative_logit_error(_logits(model, ids), _logits(plain, ids)) < 1e-5
+
+
+def test_a_packed_linear_ignores_autograd_on_its_input():
+    """An input that requires grad, with grad mode on (a model called outside inference mode):
+    the packed linear has no backward, so it runs on the detached input. Attached, oneDNN chose
+    its training primitive, which for a weight its 64-row blocks pad (1376 x 256) ran the
+    reference loop on an AVX2 CPU, hundreds of times slower; detached, the result is the
+    inference one and carries no grad."""
+    w = torch.randn(1376, 256)
+    packed = PackedLinear(w, None)
+    x = torch.randn(7, 256, requires_grad=True)
+    assert torch.is_grad_enabled()
+    out = packed(x)
+    assert not out.requires_grad
+    with torch.inference_mode():
+        want = packed(x)
+    assert torch.equal(out, want)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x.detach(), w), rtol=1e-4,
+                               atol=1e-4)
