@@ -92,8 +92,8 @@ def measure(hidden: int, intermediate: int, kernel: bool = True,
     linears = {torch.float32: [[lambda x, w=w: F.linear(x, w) for w in weights]],
                torch.bfloat16: [[_bf16_linear(w.bfloat16(), onednn) for w in weights]]}
     for dtype, arms in linears.items():
-        small = [_small_linear(w.to(dtype)) for w in weights] if kernel else [None]
-        if all(small):
+        small = [_small_linear(w.to(dtype)) for w in weights] if kernel else []
+        if small and all(small):
             arms.append(small)
     ratios = {}
     for m in ROWS:

@@ -79,16 +79,17 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
         ShardPlan(mc, tp, 0)
     tokenizer = None if cfg.skip_tokenizer_init else Tokenizer.from_dir(cfg.model)
     device = torch.device(cfg.device)
+    # the small-M kernel's copy is a packed weight too, so prepack=False keeps the weights
+    # exactly as loaded; kernels=False never runs it
+    may_pack = cfg.prepack is not False
+    may_small = may_pack and cfg.kernels is not False
     # "auto" on a CPU: measured (only the linears these settings let the engine run), cached
-    dtype, why = choose_dtype(cfg.dtype, mc, device, kernel=cfg.kernels is not False
-                              and cfg.prepack is not False, onednn=cfg.prepack is not False)
+    dtype, why = choose_dtype(cfg.dtype, mc, device, kernel=may_small, onednn=may_pack)
     log.info("dtype=%s: %s (%s)", cfg.dtype, str(dtype).removeprefix("torch."), why)
     prepacked, prepack_why = resolve_prepack(cfg.prepack, device, dtype, cfg.compile,
                                              (mc.hidden_size, mc.intermediate_size))
     kernels, kernels_why = resolve_kernels(cfg.kernels, device, dtype)
-    # small_gemm.choose times each shape in its dtype, or refuses it; its copy is a packed
-    # weight too, so prepack=False keeps the weights exactly as loaded
-    small_gemm = kernels and cfg.prepack is not False
+    small_gemm = kernels and may_small  # small_gemm.choose times each shape, or refuses it
     if small_gemm and not prepacked:
         prepack_why += "; small-M copies where they beat F.linear"
     log.info("prepack=%s: %s (%s)", cfg.prepack, "packed" if prepacked else "plain",

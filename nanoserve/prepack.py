@@ -181,7 +181,7 @@ class PackedLinear(nn.Module):
         # for an input that requires grad. On an AVX2 EPYC that primitive had no fast kernel
         # for a weight its 64-row blocks pad (1376 x 256) and ran the reference loop: 127 ms
         # against 0.23 at 7 rows, 1.16 s against 0.65 ms at 64 (one thread).
-        x = x.detach().contiguous()
+        x = (x.detach() if x.requires_grad else x).contiguous()  # no extra view on a decode step
         rows = x.numel() // self.in_features
         if self.small is not None and rows <= self.small_rows and x.dtype == self.small.dtype:
             out = x.new_empty(*x.shape[:-1], self.out_features)
