@@ -18,7 +18,7 @@ $(VENV_STAMP): pyproject.toml
 	.venv/bin/pip install -q --upgrade pip
 	.venv/bin/pip install -q torch==2.13.0
 	.venv/bin/pip install -q -e '.[serve,test,notebooks,docs,kernels]'
-	.venv/bin/python -m nanoserve.csrc || echo "(the engine runs its PyTorch path without them)"
+	.venv/bin/python -m nanoserve.cpu.csrc || echo "(the engine runs its PyTorch path without them)"
 	$(PY) -c "import torch; assert torch.version.cuda is None, 'a CUDA torch was installed'; print('torch', torch.__version__)"
 	touch $@
 

@@ -79,8 +79,8 @@ import torch
 # Without CUDA, Triton runs only in its interpreter, and the flag must be set before anything
 # imports triton: in one process running every chapter (make chapters, the site build), Day 49's
 # inductor imports it long before Day 60's kernel does. The runner chooses it for its process;
-# nanoserve.kernels only checks that someone did (nanoserve.triton_mode). Notebooks that import a
-# chapter's claims get it from here.
+# nanoserve.cuda.kernels only checks that someone did (nanoserve.cuda.triton_mode). Notebooks
+# that import a chapter's claims get it from here.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

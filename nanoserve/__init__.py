@@ -8,11 +8,11 @@ The serving engine is ``LLM``'s sibling over the same kind of core; both take ``
 options (``AsyncLLM(EngineConfig(max_num_seqs=16))``, or ``LLM(max_num_seqs=16)``).
 """
 
-from .async_engine import AsyncLLM
-from .config import EngineConfig
-from .llm import LLM, RequestOutput
-from .sampling import SamplingParams
-from .structured.params import StructuredOutputsParams
+from nanoserve.async_engine import AsyncLLM
+from nanoserve.config import EngineConfig
+from nanoserve.llm import LLM, RequestOutput
+from nanoserve.sampling.params import SamplingParams
+from nanoserve.structured.params import StructuredOutputsParams
 
 __all__ = ["AsyncLLM", "EngineConfig", "LLM", "RequestOutput", "SamplingParams",
            "StructuredOutputsParams"]

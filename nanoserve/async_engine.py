@@ -38,11 +38,11 @@ from collections.abc import AsyncIterator
 
 import torch
 
-from .config import EngineConfig
-from .core import CoreSnapshot, EngineCore, RequestDelta
-from .sampling import SamplingParams
-from .threads import bind
-from .validation import InvalidRequest
+from nanoserve.config import EngineConfig
+from nanoserve.cpu.threads import bind
+from nanoserve.engine.core import CoreSnapshot, EngineCore, RequestDelta
+from nanoserve.sampling.params import SamplingParams
+from nanoserve.validation import InvalidRequest
 
 
 class Overloaded(Exception):

@@ -17,9 +17,9 @@ import time
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .config import EngineConfig
-    from .llm import LLM
-    from .sampling import SamplingParams
+    from nanoserve.config import EngineConfig
+    from nanoserve.llm import LLM
+    from nanoserve.sampling.params import SamplingParams
 
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    from .config import EngineConfig
-    from .entrypoints.openai import serve
+    from nanoserve.config import EngineConfig
+    from nanoserve.entrypoints.openai import serve
 
     EngineConfig.add_cli_args(g)  # --model, --dtype, --no-kv-cache, ...: the engine's options
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                                        allow_abbrev=False))
     b = sub.add_parser("bench", help="benchmarks and harnesses")
     bsub = b.add_subparsers(dest="bench", required=True)
-    from .bench import (
+    from nanoserve.bench import (
         batchbench,
         graphbench,
         offline,
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         structured,
         tpbench,
     )
-    from .bench import serve_cli as serve_bench
+    from nanoserve.bench import serve_cli as serve_bench
 
     schedbench.add_arguments(bsub.add_parser("sched", help="the scheduler without a model"))
     batchbench.add_arguments(bsub.add_parser("batch", help="the engine on a seeded workload"))

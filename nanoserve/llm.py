@@ -53,12 +53,13 @@ from pathlib import Path
 
 import torch
 
-from .config import DEFAULT_MODEL, EngineConfig
-from .core import EngineCore
-from .request import Request, RequestMetrics, RequestState
-from .sampling import SamplingParams, sample_requests
-from .threads import pinned
-from .validation import InvalidRequest
+from nanoserve.config import DEFAULT_MODEL, EngineConfig
+from nanoserve.cpu.threads import pinned
+from nanoserve.engine.core import EngineCore
+from nanoserve.engine.request import Request, RequestMetrics, RequestState
+from nanoserve.sampling.params import SamplingParams
+from nanoserve.sampling.sampler import sample_requests
+from nanoserve.validation import InvalidRequest
 
 __all__ = ["DEFAULT_MODEL", "LLM", "RequestOutput", "Stats"]
 
@@ -127,11 +128,11 @@ class LLM:
 
     def _build(self, config: EngineConfig) -> None:
         self.engine_config = config
-        from .tp.worker import worker_rank
+        from nanoserve.tp.worker import worker_rank
 
         self.worker_rank = worker_rank(config)  # torchrun's rank > 0: a worker, not a driver
         if self.worker_rank:
-            from .tp.worker import run_external
+            from nanoserve.tp.worker import run_external
 
             run_external(config.device, config.distributed_timeout_s)  # until rank 0 stops
             self.core = None

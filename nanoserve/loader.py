@@ -20,15 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import EngineConfig, ModelConfig
-from .csrc import resolve as resolve_kernels
-from .engine import Engine
-from .prepack import prepack_model
-from .prepack import resolve as resolve_prepack
-from .threads import Binding, plan
-from .tokenizer import Tokenizer
-from .triton_mode import use_interpreter
-from .weights import choose_dtype, load_model
+from nanoserve.config import EngineConfig, ModelConfig
+from nanoserve.cpu.csrc import resolve as resolve_kernels
+from nanoserve.cpu.prepack import prepack_model
+from nanoserve.cpu.prepack import resolve as resolve_prepack
+from nanoserve.cpu.threads import Binding, plan
+from nanoserve.cuda.triton_mode import use_interpreter
+from nanoserve.engine.engine import Engine
+from nanoserve.model.weights import choose_dtype, load_model
+from nanoserve.tokenizer import Tokenizer
 
 log = logging.getLogger("nanoserve")
 DEFAULT_KV_BYTES = 1 << 30  # without num_kv_blocks, the pool is at most 1 GiB
@@ -74,7 +74,7 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     max_model_len = cfg.resolve_max_model_len(mc.max_position_embeddings)
     tp = cfg.tensor_parallel_size
     if tp > 1:  # a shape that cannot be split is refused before a worker starts
-        from .tp.shard import ShardPlan
+        from nanoserve.tp.shard import ShardPlan
 
         ShardPlan(mc, tp, 0)
     tokenizer = None if cfg.skip_tokenizer_init else Tokenizer.from_dir(cfg.model)
@@ -110,8 +110,8 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
                      attention=attention, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs,
                      prefix_caching=cfg.enable_prefix_caching)
     if tp > 1:
-        from .tp.executor import start_rank0
-        from .tp.rank import RankSpec
+        from nanoserve.tp.executor import start_rank0
+        from nanoserve.tp.rank import RankSpec
 
         spec = RankSpec(str(cfg.model), str(dtype).removeprefix("torch."), cfg.device, tp,
                         cfg.threads_bind, prepacked, small_gemm, kernels, engine_kw)
@@ -125,7 +125,7 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
             prepack_model(model, small_gemm=small_gemm, onednn=prepacked)
             log.info("small-M weights on huge pages: %s", model.huge_pages)
         if kernels:  # Llama.forward goes through fused.py
-            from .fused import fused_forward
+            from nanoserve.cpu.fused import fused_forward
             model.fused_forward = fused_forward
         engine_kw["fail_on_step"] = frozenset(engine_kw["fail_on_step"])
         engine = Engine(model, **engine_kw)

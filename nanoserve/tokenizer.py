@@ -21,7 +21,7 @@ from pathlib import Path
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from .config import _as_id_tuple
+from nanoserve.config import _as_id_tuple
 
 
 def _token_text(value) -> str | None:

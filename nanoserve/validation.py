@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .block_allocator import BlockAllocator
-    from .request import Request
+    from nanoserve.engine.block_allocator import BlockAllocator
+    from nanoserve.engine.request import Request
 
 
 class InvalidRequest(ValueError):

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # so `chapters` imports as a package
 
 # Without CUDA, triton kernels run under the interpreter, and the test session chooses it here:
-# nanoserve.kernels only checks (nanoserve.triton_mode). This must precede any triton import.
+# nanoserve.cuda.kernels only checks (nanoserve.cuda.triton_mode). This must precede any triton
+# import.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

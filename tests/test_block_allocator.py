@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoserve.block_allocator import BlockAllocator
+from nanoserve.engine.block_allocator import BlockAllocator
 
 
 def test_blocks_for_length():

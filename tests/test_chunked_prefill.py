@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.block_allocator import BlockAllocator
 from nanoserve.config import ConfigError, EngineConfig
-from nanoserve.request import Request, RequestState
-from nanoserve.scheduler import Scheduler
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.request import Request, RequestState
+from nanoserve.engine.scheduler import Scheduler
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
 LENGTHS = (3, 40, 100, 7, 61)  # prompt lengths: short, long, odd

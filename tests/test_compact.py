@@ -1,9 +1,9 @@
 """The persistent batch (Day 58): row compaction, the move that is only a relabel, the gates.
 
-Four layers, cheapest first: the pure functions of ``nanoserve.compact`` against a brute force;
-``move_row`` on the slot table and the paged cache; the scheduler with ``compact_rows`` over plain
-integers (preemption and aborts included); then the shipped model, where compaction must not
-change a single token, and the coverage harness, which must reproduce the log's table.
+Four layers, cheapest first: the pure functions of ``nanoserve.engine.compact`` against a brute
+force; ``move_row`` on the slot table and the paged cache; the scheduler with ``compact_rows``
+over plain integers (preemption and aborts included); then the shipped model, where compaction
+must not change a single token, and the coverage harness, which must reproduce the log's table.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from log_tables import LOG_COVERAGE
 
 from nanoserve import LLM, SamplingParams
+from nanoserve.attention.paged import BatchedPagedKVCache, SlotTable
 from nanoserve.bench import graphbench
 from nanoserve.bench.gates import (
     GateFailed,
@@ -29,8 +30,8 @@ from nanoserve.bench.gates import (
     check_moves_minimal,
     rows_before,
 )
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.compact import (
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.compact import (
     COMPACTION_MODES,
     RowCompactor,
     RowMove,
@@ -41,9 +42,8 @@ from nanoserve.compact import (
     plan_compaction,
     strays,
 )
-from nanoserve.paged import BatchedPagedKVCache, SlotTable
-from nanoserve.request import Request
-from nanoserve.scheduler import Scheduler
+from nanoserve.engine.request import Request
+from nanoserve.engine.scheduler import Scheduler
 
 # an occupancy: distinct rows of a batch of at most 9 slots
 occupancies = st.sets(st.integers(0, 8), max_size=9).map(sorted)

@@ -163,7 +163,7 @@ def test_long_lived_llm_preempts_as_a_fresh_one_does():
 def test_the_fault_hook_fails_one_step_and_nothing_else():
     """LLM(fail_on_step=...) is the test hook: engine step 2 raises; its requests end with
     "error", everything is back in the pool, and later requests are served normally."""
-    from nanoserve.engine import InjectedFault
+    from nanoserve.engine.engine import InjectedFault
 
     llm = LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=2,
               fail_on_step=(2,), skip_tokenizer_init=True)

@@ -1,4 +1,4 @@
-"""Fresh prompts through the decode kernel (nanoserve/cpu_prefill.py) against packed SDPA.
+"""Fresh prompts through the decode kernel (nanoserve/cpu/prefill.py) against packed SDPA.
 
 Each prompt token read as a decode row over its prefix must give causal attention: held against
 ``packed_prefill_attention`` (SDPA per prompt) on packed streams of several prompts, with K/V in
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanoserve import csrc
-from nanoserve.attention import packed_prefill_attention
-from nanoserve.cpu_prefill import attend_prompts, token_tables
+from nanoserve.attention.causal import packed_prefill_attention
+from nanoserve.cpu import csrc
+from nanoserve.cpu.prefill import attend_prompts, token_tables
 
 pytestmark = pytest.mark.skipif(csrc.load() is not None, reason=str(csrc.load()))
 
@@ -77,7 +77,8 @@ def test_a_fresh_prompt_that_does_not_start_a_block_is_refused():
 ], ids=["packed", "mixed"])
 def test_the_engine_reads_fresh_prompts_through_the_kernel_and_no_token_moves(monkeypatch,
                                                                                options):
-    from nanoserve import LLM, SamplingParams, paged
+    from nanoserve import LLM, SamplingParams
+    from nanoserve.attention import paged
 
     prompts = [[0, *range(3 + i, 9 + 5 * i)] for i in range(6)]
     params = [SamplingParams(temperature=0, max_tokens=5 + i, ignore_eos=True) for i in range(6)]
@@ -104,8 +105,8 @@ def test_the_engine_reads_fresh_prompts_through_the_kernel_and_no_token_moves(mo
 @pytest.mark.parametrize("start,n,bs", [(16, 9, 16), (5, 30, 4), (40, 1, 1), (31, 33, 32)])
 def test_a_continued_chunk_reads_its_rows_blocks_as_the_reference_does(start, n, bs, dtype,
                                                                        atol):
-    from nanoserve.attention import paged_attention_batched_reference
-    from nanoserve.cpu_prefill import chunk_tables
+    from nanoserve.attention.reference import paged_attention_batched_reference
+    from nanoserve.cpu.prefill import chunk_tables
 
     g = torch.Generator().manual_seed(start + n)
     hkv, group, d, total = 2, 3, 64, start + n

@@ -14,8 +14,8 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from nanoserve import csrc
-from nanoserve.model import rope_cos_sin, rope_inv_freq
+from nanoserve.cpu import csrc
+from nanoserve.layers.rotary import rope_cos_sin, rope_inv_freq
 
 DTYPES = (torch.float32, torch.bfloat16)
 ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -28,12 +28,12 @@ def ops():
     """One build for the whole suite (cached under build/csrc); a failed build fails here."""
     why = csrc.load()
     assert why is None, why
-    from nanoserve.csrc import ops as reference
+    from nanoserve.cpu.csrc import ops as reference
     return reference
 
 
 def R():
-    from nanoserve.csrc import ops as reference
+    from nanoserve.cpu.csrc import ops as reference
     return reference
 
 
@@ -256,7 +256,7 @@ def test_small_gemm_refuses_a_weight_of_another_shape():
 
 
 def test_the_small_gemm_choice_is_measured_once_and_cached(tmp_path, monkeypatch):
-    from nanoserve import prepack, small_gemm
+    from nanoserve.cpu import prepack, small_gemm
     if small_gemm.unavailable():
         pytest.skip(small_gemm.unavailable())
     # against the linear the engine would run: oneDNN's packed one where it takes bf16 here
@@ -276,7 +276,7 @@ def test_the_small_gemm_choice_is_measured_once_and_cached(tmp_path, monkeypatch
 @pytest.mark.parametrize(("at_64", "at_512", "rows"), [
     (2.0, 2.0, "all"), (2.0, 1.05, 64), (1.05, 2.0, 8), (0.5, 2.0, 8)])
 def test_float32_has_its_own_small_gemm_verdict(tmp_path, monkeypatch, at_64, at_512, rows):
-    from nanoserve import small_gemm
+    from nanoserve.cpu import small_gemm
     if small_gemm.unavailable(torch.float32):
         pytest.skip(small_gemm.unavailable(torch.float32))
     monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
@@ -308,7 +308,7 @@ def test_float32_has_its_own_small_gemm_verdict(tmp_path, monkeypatch, at_64, at
            [float("nan"), float("inf"), float("-inf"), -0.0])), max_size=4),
        seed=st.integers(0, 2**16))
 def test_argmax_rows_is_torch_argmax_exactly(rows, vocab, levels, specials, seed):
-    from nanoserve.sampling import greedy
+    from nanoserve.sampling.sampler import greedy
 
     csrc.load()
     g = torch.Generator().manual_seed(seed)
@@ -323,7 +323,7 @@ def test_argmax_rows_is_torch_argmax_exactly(rows, vocab, levels, specials, seed
 
 
 def test_greedy_falls_back_to_torch_where_the_op_does_not_apply():
-    from nanoserve.sampling import greedy
+    from nanoserve.sampling.sampler import greedy
 
     x = torch.randn(3, 40).bfloat16()  # not float32: torch's argmax
     assert torch.equal(greedy(x), x.argmax(dim=-1))

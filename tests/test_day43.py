@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-import nanoserve.prefix_cache as live
+import nanoserve.engine.prefix_cache as live
 from chapters.day43_prefix_caching.claims import eviction_order, random_ops
 from chapters.day43_prefix_caching.snapshot import prefix_cache as snap
 

@@ -12,9 +12,9 @@ import pytest
 
 from chapters.day45_prefix_measured.snapshot.workload import cached_tokens, prefix_repetition
 from nanoserve.bench.workload import prefix_repetition_requests, sample_requests
-from nanoserve.prefix_cache import CachingBlockAllocator
-from nanoserve.request import Request
-from nanoserve.scheduler import Scheduler
+from nanoserve.engine.prefix_cache import CachingBlockAllocator
+from nanoserve.engine.request import Request
+from nanoserve.engine.scheduler import Scheduler
 
 
 @pytest.mark.parametrize("args", [

@@ -15,8 +15,8 @@ from chapters.day01_llama_forward.snapshot.weights import load_model as day1_mod
 from chapters.day54_fused_cpu_ops.snapshot import reference_ops as snap
 from chapters.day54_fused_cpu_ops.snapshot import small_gemm as snap_gemm
 from chapters.day54_fused_cpu_ops.snapshot.fused import fused_forward as snap_forward
-from nanoserve import csrc
-from nanoserve.csrc import ops as live
+from nanoserve.cpu import csrc
+from nanoserve.cpu.csrc import ops as live
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -56,8 +56,8 @@ def test_the_fused_dataflow_over_the_references_is_day1s_forward(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_frozen_forward_over_the_ops_is_the_packages(dtype):
-    from nanoserve.fused import fused_forward
-    from nanoserve.weights import load_model
+    from nanoserve.cpu.fused import fused_forward
+    from nanoserve.model.weights import load_model
 
     ops = needs_ops()
     model = load_model(SHIPPED, dtype)
@@ -82,7 +82,7 @@ def test_the_packed_layout_is_the_snapshots(n, k):
     {1: 1.5, 2: 0.9, 4: 1.2, 8: 1.1},  # a loss at 2 rows: later wins do not count
 ])
 def test_the_packages_choice_follows_the_frozen_rule(ratios, monkeypatch, tmp_path):
-    from nanoserve import small_gemm
+    from nanoserve.cpu import small_gemm
 
     monkeypatch.setattr(small_gemm, "unavailable", lambda dtype=None: None)
     monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype, vs, rows=small_gemm.ROWS, *_:
@@ -99,7 +99,7 @@ def test_the_packages_choice_follows_the_frozen_rule(ratios, monkeypatch, tmp_pa
 ])
 def test_the_live_rule_lets_a_tie_pass_and_wants_a_clear_win(ratios, live, frozen, monkeypatch,
                                                               tmp_path):
-    from nanoserve import small_gemm
+    from nanoserve.cpu import small_gemm
 
     monkeypatch.setattr(small_gemm, "unavailable", lambda dtype=None: None)
     monkeypatch.setattr(small_gemm, "measure", lambda N, K, dtype, vs, rows=small_gemm.ROWS, *_:

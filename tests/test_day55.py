@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanoserve import csrc
+from nanoserve.cpu import csrc
 
 SNAPSHOT = Path(__file__).resolve().parents[1] / "chapters" / "day55_cpu_paged_attention" / \
     "snapshot"

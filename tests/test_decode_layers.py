@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import nanoserve
-from nanoserve import LLM, SamplingParams, csrc, fused
+from nanoserve import LLM, SamplingParams
+from nanoserve.cpu import csrc, fused
 
 pytestmark = pytest.mark.skipif(csrc.load() is not None, reason=str(csrc.load()))
 
@@ -27,7 +28,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 def small_everywhere(monkeypatch):
     """Every packed shape takes the small-M kernel up to 8 rows, whatever its timing says here
     (the test checkpoints' shapes are too small for it to win): the loop then qualifies."""
-    from nanoserve import small_gemm
+    from nanoserve.cpu import small_gemm
 
     monkeypatch.setattr(small_gemm, "choose", lambda N, K, dtype=torch.bfloat16, against="onednn":
                         0 if small_gemm.unavailable(dtype) else 8)
@@ -70,7 +71,7 @@ def test_the_op_is_the_python_loop_to_the_bit(small_everywhere, monkeypatch, hf_
 
 
 def test_a_batch_past_the_small_kernels_rows_runs_the_python_loop(monkeypatch):
-    from nanoserve import small_gemm
+    from nanoserve.cpu import small_gemm
 
     monkeypatch.setattr(small_gemm, "choose", lambda N, K, dtype=torch.bfloat16, vs="onednn": 2)
     llm = LLM(str(SHIPPED), dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=4,

@@ -16,7 +16,8 @@ import sys
 import pytest
 import torch
 
-from nanoserve import LLM, SamplingParams, csrc
+from nanoserve import LLM, SamplingParams
+from nanoserve.cpu import csrc
 
 PROMPTS = [[0, *range(3 + i, 9 + 3 * i)] for i in range(8)]
 PARAMS = [SamplingParams(temperature=0, max_tokens=6 + 3 * i, ignore_eos=True) for i in range(8)]

@@ -20,14 +20,14 @@ import torch
 from log_tables import LOG_COVERAGE
 from server_fixture import ServerThread, wait_for
 
-from nanoserve import graphs
 from nanoserve.async_engine import AsyncLLM
 from nanoserve.bench import graphbench
 from nanoserve.config import EngineConfig
+from nanoserve.cuda import graphs
+from nanoserve.cuda.graphs import DecodeGraphs, ReplayCounters, bucket_for, capture_sizes
 from nanoserve.entrypoints.openai.app import build_app
-from nanoserve.graphs import DecodeGraphs, ReplayCounters, bucket_for, capture_sizes
 from nanoserve.llm import LLM
-from nanoserve.sampling import SamplingParams
+from nanoserve.sampling.params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(dtype="float32", skip_tokenizer_init=True, block_size=4, max_num_seqs=4,

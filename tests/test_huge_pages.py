@@ -1,4 +1,4 @@
-"""The small-M weights' mapping on 2 MiB pages (nanoserve/huge_pages.py).
+"""The small-M weights' mapping on 2 MiB pages (nanoserve/cpu/huge_pages.py).
 
 The copies must be the tensors they replace, bit for bit, in one 2 MiB-aligned mapping; what the
 kernel granted is read back, never assumed; where huge pages cannot be asked for, nothing moves
@@ -12,8 +12,8 @@ import re
 import pytest
 import torch
 
-from nanoserve import huge_pages
-from nanoserve.huge_pages import HUGE_PAGE, huge_bytes, place
+from nanoserve.cpu import huge_pages
+from nanoserve.cpu.huge_pages import HUGE_PAGE, huge_bytes, place
 
 needs_thp = pytest.mark.skipif(huge_pages.unavailable() is not None,
                                reason=str(huge_pages.unavailable()))
@@ -75,13 +75,11 @@ def test_an_address_outside_every_mapping_has_no_huge_pages():
 
 
 def test_the_engine_streams_its_small_m_copies_from_one_mapping():
-    from pathlib import Path
-
     from nanoserve import LLM
-    from nanoserve.prepack import small_copies
+    from nanoserve.config import DEFAULT_MODEL
+    from nanoserve.cpu.prepack import small_copies
 
-    shipped = Path(huge_pages.__file__).parent / "checkpoints" / "nanoserve-tiny"
-    llm = LLM(str(shipped), dtype="bfloat16", max_num_seqs=2, max_model_len=64)
+    llm = LLM(DEFAULT_MODEL, dtype="bfloat16", max_num_seqs=2, max_model_len=64)
     smalls = [m.small for m in small_copies(llm.model)]
     if not smalls:
         assert llm.model.huge_pages in ("weights not packed", "no weights to place")

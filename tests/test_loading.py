@@ -10,8 +10,8 @@ import torch
 
 from nanoserve import LLM
 from nanoserve.config import ModelConfig
+from nanoserve.model.weights import choose_dtype, load_model, resolve_dtype
 from nanoserve.testing import load_hf_model, relative_logit_error, write_hf_checkpoint
-from nanoserve.weights import choose_dtype, load_model, resolve_dtype
 
 
 def test_sharded_checkpoint_loads_and_matches(tmp_path):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.kv_cache import KVCache
-from nanoserve.paged import BatchedPagedKVCache, BlockTable
+from nanoserve.attention.kv_cache import KVCache
+from nanoserve.attention.paged import BatchedPagedKVCache, BlockTable
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.model.weights import load_model
 from nanoserve.testing import relative_logit_error
-from nanoserve.weights import load_model
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.kv_cache import KVCache
+from nanoserve.attention.kv_cache import KVCache
+from nanoserve.model.weights import load_model
 from nanoserve.testing import CONFIGS, load_hf_model, relative_logit_error
-from nanoserve.weights import load_model
 
 NAMES = sorted(CONFIGS)
 

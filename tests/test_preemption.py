@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.bench.schedbench import run_scheduled
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.request import Request, RequestState
-from nanoserve.scheduler import Scheduler
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.request import Request, RequestState
+from nanoserve.engine.scheduler import Scheduler
 
 W, R, F = RequestState.WAITING, RequestState.RUNNING, RequestState.FINISHED
 

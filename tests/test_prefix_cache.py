@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.prefix_cache import CachingBlockAllocator, block_hashes
+from nanoserve.engine.prefix_cache import CachingBlockAllocator, block_hashes
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0)
 
@@ -38,7 +38,7 @@ def texts(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
 
 def test_hashes_are_the_same_in_another_process():
     ids = list(range(1, 40))
-    code = ("from nanoserve.prefix_cache import block_hashes; "
+    code = ("from nanoserve.engine.prefix_cache import block_hashes; "
             f"print([h.hex() for h in block_hashes({ids}, 8)])")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            timeout=120, check=True).stdout.strip()

@@ -1,4 +1,4 @@
-"""Pre-packed oneDNN weights (nanoserve/prepack.py) against plain ``F.linear``.
+"""Pre-packed oneDNN weights (nanoserve/cpu/prepack.py) against plain ``F.linear``.
 
 bf16 on a CPU packs by default, so it must be bit-identical there; float32 packs only when asked
 and is held to greedy-token identity and a tight logit bound. The choice is a refusal, never a
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.prepack import PackedLinear, prepack_model, resolve, unavailable
+from nanoserve.cpu.prepack import PackedLinear, prepack_model, resolve, unavailable
+from nanoserve.model.weights import load_model
 from nanoserve.testing import relative_logit_error
-from nanoserve.weights import load_model
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(unavailable(CPU, torch.float32) is not None,
@@ -105,8 +105,8 @@ def test_the_compiled_decode_keeps_packed_weights_and_the_tokens(hf_checkpoint):
 
 def test_float32_packs_only_at_the_measured_margin_and_the_verdict_is_kept(tmp_path,
                                                                            monkeypatch):
-    import nanoserve.measured as measured
-    import nanoserve.prepack as prepack
+    import nanoserve.cpu.measured as measured
+    import nanoserve.cpu.prepack as prepack
 
     if unavailable(CPU, torch.float32):
         pytest.skip(unavailable(CPU, torch.float32))
@@ -133,7 +133,7 @@ def test_float32_packs_only_at_the_measured_margin_and_the_verdict_is_kept(tmp_p
 def test_small_copies_stand_alone_where_onednn_does_not_pack(hf_checkpoint, monkeypatch):
     """An AVX2 CPU's oneDNN has no bf16 kernel, and float32 packing may not pay: then the
     small-M copies hang off linears that run F.linear for larger batches."""
-    import nanoserve.small_gemm as small_gemm
+    import nanoserve.cpu.small_gemm as small_gemm
 
     if small_gemm.unavailable(torch.float32):
         pytest.skip(small_gemm.unavailable(torch.float32))

@@ -14,11 +14,11 @@ import httpx
 import pytest
 from server_fixture import ServerThread, wait_for
 
-import nanoserve.core
+import nanoserve.engine.core
 import nanoserve.entrypoints.openai.parsing
 from nanoserve.async_engine import AsyncLLM
 from nanoserve.entrypoints.openai.app import build_app
-from nanoserve.sampling import SamplingParams
+from nanoserve.sampling.params import SamplingParams
 from nanoserve.validation import InvalidRequest
 
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -51,7 +51,8 @@ def reworded(fn):
 def rewording(monkeypatch):
     """Every engine-side check of a request, at each place it is called from, reworded."""
     for owner, name in ((nanoserve.entrypoints.openai.parsing, "check_prompt_ids"),
-                        (nanoserve.core, "check_prompt_ids"), (nanoserve.core, "door_check"),
+                        (nanoserve.engine.core, "check_prompt_ids"),
+                        (nanoserve.engine.core, "door_check"),
                         (SamplingParams, "__post_init__"), (SamplingParams, "check_vocab")):
         monkeypatch.setattr(owner, name, reworded(getattr(owner, name)))
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanoserve.sampling import SamplingParams, filtered_probs, sample, top_k_mask, top_p_mask
+from nanoserve.sampling.params import SamplingParams
+from nanoserve.sampling.sampler import filtered_probs, sample, top_k_mask, top_p_mask
 
 
 def test_vllm_defaults():

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoserve.request import Request, RequestState
-from nanoserve.sampling import (
-    SamplingParams,
+from nanoserve.engine.request import Request, RequestState
+from nanoserve.sampling.params import SamplingParams
+from nanoserve.sampling.sampler import (
     TokenLogprob,
     apply_penalties,
     filtered_probs,

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanoserve.bench.schedbench import run_scheduled, run_static
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.request import _LEGAL_TRANSITIONS, IllegalTransition, Request, RequestState
-from nanoserve.scheduler import Scheduler
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.request import _LEGAL_TRANSITIONS, IllegalTransition, Request, RequestState
+from nanoserve.engine.scheduler import Scheduler
 
 W, R, F = RequestState.WAITING, RequestState.RUNNING, RequestState.FINISHED
 EOS = 2

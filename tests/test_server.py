@@ -32,7 +32,7 @@ from server_fixture import ServerThread, error_of, raw_post, read_until, wait_fo
 from nanoserve.async_engine import AsyncLLM
 from nanoserve.entrypoints.openai.app import build_app
 from nanoserve.llm import LLM
-from nanoserve.sampling import SamplingParams
+from nanoserve.sampling.params import SamplingParams
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")

@@ -14,7 +14,7 @@ from nanoserve.async_engine import AsyncLLM
 from nanoserve.bench.fuzz import CATEGORIES, bad_requests, run_fuzz
 from nanoserve.entrypoints.openai.app import build_app
 from nanoserve.llm import LLM
-from nanoserve.sampling import SamplingParams
+from nanoserve.sampling.params import SamplingParams
 
 NAME = "nanoserve-tiny"
 

@@ -45,7 +45,7 @@ def test_snapshot_imports(path):
 
 def test_package_model_equals_day1_snapshot():
     from chapters.day01_llama_forward.snapshot.weights import load_model as snap_load
-    from nanoserve.weights import load_model
+    from nanoserve.model.weights import load_model
 
     path = hf_checkpoint("llama3_rope")
     ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(5))
@@ -72,7 +72,7 @@ def test_package_generation_equals_day4_and_day7_snapshots():
 
 def test_package_sampler_equals_day10_snapshot():
     from chapters.day10_sampling.snapshot import sampling as snap
-    from nanoserve import sampling as live
+    from nanoserve.sampling import sampler as live
 
     logits = torch.randn(64, 100, generator=torch.Generator().manual_seed(2))
     for kw in [dict(temperature=0), dict(temperature=0.7, top_k=10, top_p=0.9, seed=4)]:

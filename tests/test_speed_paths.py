@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.attention import paged_attention_gathered, workspace_bytes
-from nanoserve.engine import Engine
-from nanoserve.paged import BatchedPagedKVCache
+from nanoserve.attention.gathered import paged_attention_gathered
+from nanoserve.attention.paged import BatchedPagedKVCache
+from nanoserve.attention.workspace import workspace_bytes
+from nanoserve.engine.engine import Engine
+from nanoserve.model.weights import load_model
 from nanoserve.testing import relative_logit_error
-from nanoserve.weights import load_model
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +153,7 @@ def test_gathered_equals_reference_through_a_ragged_life(block_size):
 
 
 def test_gathered_function_matches_reference_for_gqa_and_bf16():
-    from nanoserve.attention import paged_attention_batched_reference
+    from nanoserve.attention.reference import paged_attention_batched_reference
     g = torch.Generator().manual_seed(0)
     lens = [1, 5, 33, 64, 2]
     kp, vp = torch.randn(400, 2, 16, generator=g), torch.randn(400, 2, 16, generator=g)
@@ -248,7 +249,8 @@ def test_dtype_auto_follows_the_measurement_not_the_flags(monkeypatch, tmp_path,
                                                           expected):
     """The same flags (AVX512-BF16, no AMX) on two machines that time differently: auto goes
     with the timing; a near-tie (under MARGIN) stays float32; an explicit dtype is as asked."""
-    from nanoserve import auto_dtype, weights
+    from nanoserve.cpu import auto_dtype
+    from nanoserve.model import weights
     monkeypatch.setattr(weights, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
     monkeypatch.setattr(auto_dtype, "cache_path", lambda: tmp_path / "dtype_auto.json")
     measure, calls = fake_measure(ratios)
@@ -264,7 +266,7 @@ def test_dtype_auto_is_measured_once_per_machine_and_shape(monkeypatch, tmp_path
     shape: a second load reads it (no new measurement), another shape measures for itself."""
     import json
 
-    from nanoserve import auto_dtype, csrc
+    from nanoserve.cpu import auto_dtype, csrc
     monkeypatch.setattr(auto_dtype, "cache_path", lambda: tmp_path / "dtype_auto.json")
     measure, calls = fake_measure({8: 3.0, 64: 2.0})
     monkeypatch.setattr(auto_dtype, "measure", measure)
@@ -280,7 +282,7 @@ def test_dtype_auto_is_measured_once_per_machine_and_shape(monkeypatch, tmp_path
 
 def test_dtype_auto_measures_real_linears():
     """The real measurement on a small shape: a positive ratio at each batch size."""
-    from nanoserve import auto_dtype
+    from nanoserve.cpu import auto_dtype
     ratios = auto_dtype.measure(64, 128)
     assert set(ratios) == set(auto_dtype.ROWS) and all(r > 0 for r in ratios.values())
 
@@ -289,7 +291,7 @@ def test_dtype_auto_counts_the_small_kernel_where_the_engine_would_run_it(monkey
     """Each dtype's time is its faster linear: with the C++ ops, the small-M kernel is an arm
     of each dtype beside its plain (or packed) linear, every arm runs, and the ratio takes
     each dtype's best."""
-    from nanoserve import auto_dtype, small_gemm
+    from nanoserve.cpu import auto_dtype, small_gemm
     if small_gemm.unavailable(torch.float32) or small_gemm.unavailable(torch.bfloat16):
         pytest.skip("no small-M kernel for both dtypes here")
     ran = []
@@ -307,7 +309,7 @@ def test_dtype_auto_times_only_the_linears_the_engine_will_run(monkeypatch):
     """kernels=False (or prepack=False) leaves the small-M kernel out of the timing, and
     prepack=False oneDNN's packing too: the verdict is for the engine being built, and its cache
     key says which arms it timed."""
-    from nanoserve import auto_dtype
+    from nanoserve.cpu import auto_dtype
     ran = []
 
     def best_interleaved(calls, reps, budget):
@@ -332,7 +334,7 @@ def test_dtype_auto_times_only_the_linears_the_engine_will_run(monkeypatch):
 def test_dtype_auto_says_what_it_chose(caplog):
     import logging
 
-    from nanoserve import auto_dtype
+    from nanoserve.cpu import auto_dtype
     with caplog.at_level(logging.INFO, logger="nanoserve"):
         llm = LLM(dtype="auto")
     mc = llm.config

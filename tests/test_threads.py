@@ -12,8 +12,8 @@ import torch
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.async_engine import AsyncLLM
-from nanoserve.csrc import load
-from nanoserve.threads import Binding, parse_cpus, physical_cores, pinned, plan
+from nanoserve.cpu.csrc import load
+from nanoserve.cpu.threads import Binding, parse_cpus, physical_cores, pinned, plan
 
 NO_OPS = load()
 needs_ops = pytest.mark.skipif(NO_OPS is not None, reason=f"no C++ ops: {NO_OPS}")

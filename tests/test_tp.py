@@ -23,9 +23,9 @@ import torch
 from safetensors import safe_open
 
 from nanoserve import LLM, SamplingParams
+from nanoserve.attention.paged import BatchedPagedKVCache
 from nanoserve.config import DEFAULT_MODEL, EngineConfig, ModelConfig
-from nanoserve.engine import EngineBroken
-from nanoserve.paged import BatchedPagedKVCache
+from nanoserve.engine.engine import EngineBroken
 from nanoserve.testing import greedy_logits
 from nanoserve.tp import mirror, protocol
 from nanoserve.tp.load import read_slices

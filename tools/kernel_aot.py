@@ -6,8 +6,8 @@ This compiles each configuration the tests and the engine launch through Triton'
 backend, to a cubin (ptxas ships inside the triton wheel), for ``GPUTarget("cuda", 90, 32)``.
 It builds a card's kernels, so it lives in ``tools/`` beside the other build scripts, not in the
 runtime package. It needs the real compiler, so ``TRITON_INTERPRET=0`` must be set before
-``nanoserve.kernels`` is imported (without CUDA that package refuses to guess a mode;
-``nanoserve.triton_mode`` says why)::
+``nanoserve.cuda.kernels`` is imported (without CUDA that package refuses to guess a mode;
+``nanoserve.cuda.triton_mode`` says why)::
 
     TRITON_INTERPRET=0 python -m tools.kernel_aot     # one line per configuration
 
@@ -29,7 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from nanoserve.kernels.paged_attention import (
+from nanoserve.cuda.kernels.paged_attention import (
     MAX_SPLITS,
     MIN_DOT,
     _combine_kernel,
@@ -41,7 +41,7 @@ from nanoserve.kernels.paged_attention import (
 def _require_compiler() -> None:
     if not isinstance(_paged_attention_kernel, JITFunction):
         raise RuntimeError("the kernels were built for the interpreter; set TRITON_INTERPRET=0 "
-                           "before nanoserve.kernels is imported")
+                           "before nanoserve.cuda.kernels is imported")
 
 H200 = GPUTarget("cuda", 90, 32)
 _TY = {"float32": "fp32", "bfloat16": "bf16"}

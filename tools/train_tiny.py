@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from nanoserve.config import ModelConfig
-from nanoserve.model import Llama
-from nanoserve.weights import save_checkpoint
+from nanoserve.model.llama import Llama
+from nanoserve.model.weights import save_checkpoint
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 

@@ -39,9 +39,10 @@ import torch
 from chapters.common import LLAMA_3_2_1B, SHIPPED, hf_checkpoint
 from chapters.day01_llama_forward.snapshot.weights import load_model as load_snapshot
 from nanoserve.config import ModelConfig
-from nanoserve.model import Llama, rope_inv_freq
+from nanoserve.layers.rotary import rope_inv_freq
+from nanoserve.model.llama import Llama
+from nanoserve.model.weights import load_model
 from nanoserve.testing import CONFIGS, load_hf_model, relative_logit_error
-from nanoserve.weights import load_model
 
 torch.set_num_threads(2)
 print("repository root:", ROOT)
@@ -121,7 +122,7 @@ for h in handles:
 print(f"hidden {tuple(hidden.shape)} -> logits {tuple(logits.shape)} {logits.dtype}")
 
 # %% [markdown]
-# Inside attention, the views are the ones the shape comments in `nanoserve/model.py` promise.
+# Inside attention, the views are the ones the shape comments in `nanoserve/model/llama.py` promise.
 # Grouped-query attention never copies the KV heads: `scaled_dot_product_attention` with
 # `enable_gqa=True` lets each group of Hq/Hkv = 4 query heads read the same key and value head.
 

@@ -38,8 +38,8 @@ import matplotlib.pyplot as plt
 import torch
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.kv_cache import KVCache
-from nanoserve.model import causal_attention
+from nanoserve.attention.causal import causal_attention
+from nanoserve.attention.kv_cache import KVCache
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # timings on one thread, as the chapter's claim takes them: steadier

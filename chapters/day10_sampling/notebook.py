@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 from chapters.common import SHIPPED
-from nanoserve.sampling import SamplingParams, sample, top_k_mask, top_p_mask
+from nanoserve.sampling.params import SamplingParams
+from nanoserve.sampling.sampler import sample, top_k_mask, top_p_mask
 
 torch.set_num_threads(2)
 
@@ -68,8 +69,8 @@ for kwargs in bad:
 PROMPT = "The for statement is used to"
 decode = None
 if (SHIPPED / "model.safetensors").is_file():
+    from nanoserve.model.weights import load_model
     from nanoserve.tokenizer import Tokenizer
-    from nanoserve.weights import load_model
 
     model, tok = load_model(SHIPPED, "float32"), Tokenizer.from_dir(SHIPPED)
     ids = torch.tensor([tok.encode(PROMPT)])  # (1, T)

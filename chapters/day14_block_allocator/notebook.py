@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import matplotlib.pyplot as plt
 
-from nanoserve.block_allocator import BlockAllocator
+from nanoserve.engine.block_allocator import BlockAllocator
 
 # %% [markdown]
 # ## 1. Sizing: ceil(n / block_size), and the tail

@@ -37,12 +37,12 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.kv_cache import KVCache
-from nanoserve.paged import BatchedPagedKVCache, BlockTable
+from nanoserve.attention.kv_cache import KVCache
+from nanoserve.attention.paged import BatchedPagedKVCache, BlockTable
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.model.weights import load_model
 from nanoserve.testing import relative_logit_error
 from nanoserve.tokenizer import Tokenizer
-from nanoserve.weights import load_model
 
 torch.set_num_threads(2)
 MODEL_DIR = ROOT / "nanoserve/checkpoints/nanoserve-tiny"

@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch
 
-from nanoserve.engine import Engine
+from nanoserve.engine.engine import Engine
+from nanoserve.model.weights import load_model
 from nanoserve.testing import relative_logit_error
 from nanoserve.tokenizer import Tokenizer
-from nanoserve.weights import load_model
 
 torch.set_num_threads(2)
 SHIPPED = ROOT / "nanoserve" / "checkpoints" / "nanoserve-tiny"

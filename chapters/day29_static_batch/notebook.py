@@ -34,7 +34,7 @@ import torch
 
 from chapters.common import DAY29_MAX_TOKENS, DAY29_PROMPTS
 from nanoserve import LLM, SamplingParams
-from nanoserve.engine import Engine
+from nanoserve.engine.engine import Engine
 from nanoserve.llm import Stats
 
 torch.set_num_threads(2)

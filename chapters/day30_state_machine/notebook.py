@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 from chapters.common import DAY29_MAX_TOKENS
 from chapters.day30_state_machine.snapshot import request as day30
 from nanoserve.bench.schedbench import run_scheduled, run_static
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.request import _LEGAL_TRANSITIONS, IllegalTransition, Request, RequestState
-from nanoserve.scheduler import Scheduler, SchedulerOutput
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.request import _LEGAL_TRANSITIONS, IllegalTransition, Request, RequestState
+from nanoserve.engine.scheduler import Scheduler, SchedulerOutput
 
 W, R, F = RequestState.WAITING, RequestState.RUNNING, RequestState.FINISHED
 EOS = 2

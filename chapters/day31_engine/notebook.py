@@ -32,9 +32,9 @@ import torch
 
 from chapters.common import DAY29_MAX_TOKENS, DAY29_PROMPTS
 from nanoserve import LLM, SamplingParams
+from nanoserve.engine.request import Request
+from nanoserve.engine.scheduler import Scheduler
 from nanoserve.llm import Stats
-from nanoserve.request import Request
-from nanoserve.scheduler import Scheduler
 
 # One thread: on a small shared CPU a second OpenMP thread mostly waits for a core, and the
 # timings below would measure the neighbours rather than the engine.

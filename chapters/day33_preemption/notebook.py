@@ -36,9 +36,9 @@ import torch
 
 from chapters.common import SHIPPED
 from nanoserve.bench.schedbench import run_scheduled
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.request import Request, RequestState
-from nanoserve.scheduler import Scheduler
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.request import Request, RequestState
+from nanoserve.engine.scheduler import Scheduler
 
 torch.set_num_threads(2)
 

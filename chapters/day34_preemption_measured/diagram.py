@@ -21,9 +21,9 @@ from matplotlib.patches import Patch  # noqa: E402
 from chapters.common import SHIPPED  # noqa: E402
 from diagrams import COLORS, figure, save  # noqa: E402
 from nanoserve.bench.batchbench import workload  # noqa: E402
-from nanoserve.block_allocator import BlockAllocator  # noqa: E402
-from nanoserve.request import Request  # noqa: E402
-from nanoserve.scheduler import Scheduler  # noqa: E402
+from nanoserve.engine.block_allocator import BlockAllocator  # noqa: E402
+from nanoserve.engine.request import Request  # noqa: E402
+from nanoserve.engine.scheduler import Scheduler  # noqa: E402
 
 REQUESTS, SEED, PROMPTS, GENS, SLOTS, BS, CRAMPED = 12, 0, (4, 24), (8, 40), 8, 4, 24
 

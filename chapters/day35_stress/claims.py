@@ -34,9 +34,9 @@ def replay() -> dict:
     records what the run does not report: what each abort hit, how many requests ran at once,
     and how soon after its admission or resume each victim was preempted. The figure draws it."""
     from nanoserve.bench.batchbench import workload
-    from nanoserve.block_allocator import BlockAllocator
-    from nanoserve.request import Request, RequestState
-    from nanoserve.scheduler import Scheduler
+    from nanoserve.engine.block_allocator import BlockAllocator
+    from nanoserve.engine.request import Request, RequestState
+    from nanoserve.engine.scheduler import Scheduler
 
     vocab = json.loads((SHIPPED / "config.json").read_text())["vocab_size"]
     prompts, gens = workload(REQUESTS, SEED, (2, 20), (1, 40), vocab)

@@ -33,10 +33,10 @@ from chapters.common import SHIPPED
 from chapters.day35_stress.snapshot.verdict import mismatches
 from nanoserve.bench.batchbench import workload
 from nanoserve.bench.stress import run_stress
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.engine import Engine
-from nanoserve.request import Request, RequestState
-from nanoserve.scheduler import Scheduler
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.engine import Engine
+from nanoserve.engine.request import Request, RequestState
+from nanoserve.engine.scheduler import Scheduler
 
 torch.set_num_threads(2)
 

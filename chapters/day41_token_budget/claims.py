@@ -45,7 +45,7 @@ def worked_arrivals(make) -> dict[int, list]:
 
 
 def _live_request(rid, n, max_tokens):
-    from nanoserve.request import Request
+    from nanoserve.engine.request import Request
 
     return Request(rid, [1] * n, max_tokens)
 
@@ -62,8 +62,8 @@ def _day33_request(rid, n, max_tokens):
 
 def live_scheduler(blocks, block_size, slots, allocation="incremental", budget=None,
                    chunked=True):
-    from nanoserve.block_allocator import BlockAllocator
-    from nanoserve.scheduler import Scheduler
+    from nanoserve.engine.block_allocator import BlockAllocator
+    from nanoserve.engine.scheduler import Scheduler
 
     return Scheduler(BlockAllocator(blocks, block_size), slots, allocation=allocation,
                      max_num_batched_tokens=budget, chunked_prefill=chunked)

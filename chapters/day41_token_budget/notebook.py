@@ -33,9 +33,9 @@ import torch
 
 from chapters.common import hardware
 from chapters.day41_token_budget import claims
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.request import Request
-from nanoserve.scheduler import Scheduler
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.request import Request
+from nanoserve.engine.scheduler import Scheduler
 
 torch.set_num_threads(1)  # on a small shared CPU a second thread mostly waits for a core
 

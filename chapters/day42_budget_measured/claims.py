@@ -95,10 +95,10 @@ def long_prompt_steps(budget: int | None, chunked: bool) -> list[int]:
     """Prompt tokens of the long prompt in each step of its prefill, beside 7 running decodes,
     on the live Scheduler (no model). ``budget=None`` with ``chunked=False`` is the engine's
     whole-prompt rule: max(512, max_model_len 1024)."""
-    from nanoserve.block_allocator import BlockAllocator
     from nanoserve.config import EngineConfig
-    from nanoserve.request import Request
-    from nanoserve.scheduler import Scheduler
+    from nanoserve.engine.block_allocator import BlockAllocator
+    from nanoserve.engine.request import Request
+    from nanoserve.engine.scheduler import Scheduler
 
     cfg = EngineConfig(max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
     s = Scheduler(BlockAllocator(512, 16), 8, allocation="incremental",

@@ -156,7 +156,7 @@ def first_hit_speedup(rounds: int = 5) -> float:
 def hash_calls() -> str:
     """hash_block calls for one cold request: 200 prompt tokens, 100 generated, block_size 16.
     Its forwards compute 299 tokens (the last sampled one is never fed back): 18 full blocks."""
-    import nanoserve.prefix_cache as live
+    import nanoserve.engine.prefix_cache as live
 
     calls, real = [0], live.hash_block
 
@@ -306,13 +306,13 @@ def eviction_order(module=None) -> str:
 
 
 def _live():
-    import nanoserve.prefix_cache as live
+    import nanoserve.engine.prefix_cache as live
 
     return live
 
 
 HASH_CODE = ("import sys; sys.path.insert(0, {root!r}); "
-             "from nanoserve.prefix_cache import block_hashes; "
+             "from nanoserve.engine.prefix_cache import block_hashes; "
              "ids = {ids!r}; print([h.hex() for h in block_hashes(ids, 16)], hash(str(ids)))")
 
 

@@ -44,7 +44,7 @@ from chapters.day43_prefix_caching.claims import (
     mixed,
     shared_prompts,
 )
-from nanoserve.prefix_cache import CachingBlockAllocator, block_hashes
+from nanoserve.engine.prefix_cache import CachingBlockAllocator, block_hashes
 
 torch.set_num_threads(1)  # a small shared CPU: one thread measures with less noise
 

@@ -168,7 +168,7 @@ def reference() -> dict:
     """The offline engine's greedy text for every prompt the claims check."""
     from chapters.common import SHIPPED, one_thread
     from nanoserve.llm import LLM
-    from nanoserve.sampling import SamplingParams
+    from nanoserve.sampling.params import SamplingParams
 
     jobs = burst_jobs() + FAULTED + AFTER
     with one_thread():  # two threads on a busy 2-core machine can be ten times slower

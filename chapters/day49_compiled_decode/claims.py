@@ -56,7 +56,7 @@ def buckets() -> str:
 
 
 def buckets_agree() -> str:
-    from nanoserve.compiled import decode_buckets
+    from nanoserve.cuda.compiled import decode_buckets
 
     agree = sum(decode_buckets(n) == snap.decode_buckets(n) for n in range(1, 65))
     return f"{agree} of 64 agree"

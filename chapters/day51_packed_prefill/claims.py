@@ -87,8 +87,8 @@ def tokens_identical() -> str:
 
 
 def package_logits(policy: str) -> torch.Tensor:
-    from nanoserve.engine import Engine
-    from nanoserve.weights import load_model as live_load
+    from nanoserve.engine.engine import Engine
+    from nanoserve.model.weights import load_model as live_load
 
     e = Engine(live_load(SHIPPED, "float32"), 64, 16, 8, 256, prefill=policy)
     for row, n in enumerate(LENGTHS):

@@ -35,10 +35,10 @@ from chapters.day01_llama_forward.snapshot.weights import load_model as snapshot
 from chapters.day17_paged_kv_cache.snapshot.paged import BatchedPagedKVCache
 from chapters.day51_packed_prefill.snapshot.packed import block_diagonal_mask, pack
 from nanoserve import LLM, SamplingParams
-from nanoserve.engine import Engine
+from nanoserve.engine.engine import Engine
+from nanoserve.model.weights import load_model
 from nanoserve.testing import relative_logit_error
 from nanoserve.tokenizer import Tokenizer
-from nanoserve.weights import load_model
 
 torch.set_num_threads(1)
 tok = Tokenizer.from_dir(SHIPPED)

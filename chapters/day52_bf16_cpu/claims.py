@@ -1,10 +1,10 @@
 """Day 52's numbers: which dtype "auto" picks for which processor, what stays float32, how far
 bf16 logits move from transformers' fp32 ones, and what bf16 buys a decode step on this CPU.
 
-Flag rows feed chosen flag sets to the package (``nanoserve.weights.cpu_flags`` swapped for the
-duration) and hold it against the frozen rule, so they read the same on any machine. Error rows
-run nanoserve-tiny against transformers' own Llama on the same folder. The timed row uses random
-weights in SmolLM2-135M's shape (``nanoserve.bench.shapes.shape_checkpoint``).
+Flag rows feed chosen flag sets to the package (``nanoserve.model.weights.cpu_flags`` swapped
+for the duration) and hold it against the frozen rule, so they read the same on any machine.
+Error rows run nanoserve-tiny against transformers' own Llama on the same folder. The timed row
+uses random weights in SmolLM2-135M's shape (``nanoserve.bench.shapes.shape_checkpoint``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def cpu_with(flags: set[str], ratios: dict[int, float] | None = None):
     """The package sees ``flags`` as this processor's /proc/cpuinfo flags and, with ``ratios``,
     this fp32/bf16 time ratio per batch size as its load-time measurement (in a scratch cache,
     so the real verdict in build/dtype_auto.json is neither read nor written)."""
-    from nanoserve import auto_dtype, weights
+    from nanoserve.cpu import auto_dtype
+    from nanoserve.model import weights
 
     real = weights.cpu_flags, auto_dtype.measure, auto_dtype.cache_path
     weights.cpu_flags = lambda: set(flags)
@@ -69,7 +70,7 @@ def examples() -> str:
 def agreement() -> str:
     """Every subset of FLAGS x the checkpoint's dtype x what was asked, on a card and a CPU,
     except auto on a CPU (the one case the package now measures instead of reading flags)."""
-    from nanoserve.weights import resolve_dtype
+    from nanoserve.model.weights import resolve_dtype
 
     agree = total = 0
     for k in range(len(FLAGS) + 1):
@@ -88,7 +89,7 @@ def agreement() -> str:
 
 def same_flags() -> str:
     """The package's auto on two CPUs with the same flags and different measurements."""
-    from nanoserve.weights import resolve_dtype
+    from nanoserve.model.weights import resolve_dtype
 
     got = []
     for ratios in TWO_MACHINES:
@@ -123,7 +124,7 @@ def log_lines() -> str:
 
 def this_machine() -> str:
     """The live choice on the CPU running the claims, against its own cached verdict."""
-    from nanoserve import auto_dtype
+    from nanoserve.cpu import auto_dtype
 
     llm, line = auto_llm()
     want = auto_dtype.choose(llm.config.hidden_size, llm.config.intermediate_size)
@@ -158,9 +159,9 @@ def float32_stays() -> str:
 @functools.cache
 def errors() -> dict:
     """nanoserve-tiny on 64 tokens of text: last-layer logits at every position."""
+    from nanoserve.model.weights import load_model
     from nanoserve.testing import load_hf_model, relative_logit_error
     from nanoserve.tokenizer import Tokenizer
-    from nanoserve.weights import load_model
 
     ids = torch.tensor([Tokenizer.from_dir(SHIPPED).encode(TEXT, add_special_tokens=False)[:64]])
     pos = torch.arange(ids.shape[1])[None]
@@ -223,8 +224,8 @@ def decode_speedup(requests: int = 64, steps: int = 8, rounds: int = 3) -> float
 
 def bf16_chosen_here() -> str | None:
     """The timed row's condition: on one thread, ``dtype="auto"`` picks bf16 for this shape."""
-    from nanoserve import auto_dtype
     from nanoserve.bench.shapes import SHAPES
+    from nanoserve.cpu import auto_dtype
 
     shape = SHAPES["smollm2-135m"]
     with one_thread():

@@ -36,9 +36,9 @@ import torch.nn.functional as F
 from chapters.common import SHIPPED
 from chapters.day52_bf16_cpu.snapshot import dtype as rule
 from nanoserve import LLM, SamplingParams
+from nanoserve.model.weights import BF16_CPU_FLAGS, cpu_flags, cpu_native_bf16, load_model
 from nanoserve.testing import load_hf_model, relative_logit_error
 from nanoserve.tokenizer import Tokenizer
-from nanoserve.weights import BF16_CPU_FLAGS, cpu_flags, cpu_native_bf16, load_model
 
 torch.set_num_threads(1)
 logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
@@ -66,7 +66,7 @@ print("llm.dtype =", llm.dtype, "| llm.dtype_reason =", llm.dtype_reason)
 # model, torch version, thread count and shape. Here is what this machine measured.
 
 # %%
-from nanoserve.auto_dtype import cache_path  # noqa: E402
+from nanoserve.cpu.auto_dtype import cache_path  # noqa: E402
 
 for key, verdict in json.loads(cache_path().read_text()).items():
     print(key, "->", verdict)

@@ -73,7 +73,7 @@ ROWS = 8
 def _linear_pair(k: int, n: int):
     import torch
 
-    from nanoserve.prepack import PackedLinear
+    from nanoserve.cpu.prepack import PackedLinear
 
     g = torch.Generator().manual_seed(n)
     w = torch.randn(n, k, generator=g).to(torch.bfloat16)  # (N, E)
@@ -85,7 +85,7 @@ def bf16_packing_here() -> str | None:
     """Why this CPU cannot run oneDNN's packed bf16 linear (an AVX2-only x86 cannot), or None."""
     import torch
 
-    from nanoserve.prepack import unavailable
+    from nanoserve.cpu.prepack import unavailable
 
     return unavailable(torch.device("cpu"), torch.bfloat16)
 

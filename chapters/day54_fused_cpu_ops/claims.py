@@ -44,7 +44,7 @@ HW = "2-core x86 CPU with AMX"
 
 def ops_missing() -> str | None:
     """Why the C++ ops cannot run here (no compiler, NANOSERVE_NO_KERNELS), or None."""
-    from nanoserve import csrc
+    from nanoserve.cpu import csrc
 
     return csrc.load()
 
@@ -60,7 +60,7 @@ def nanoserve_ops():
 def small_gemm_missing() -> str | None:
     """Why the small-M kernel cannot run here (neither AVX512-BF16 nor AVX2 with FMA), or
     None."""
-    from nanoserve.small_gemm import unavailable
+    from nanoserve.cpu.small_gemm import unavailable
 
     return unavailable()
 
@@ -68,7 +68,7 @@ def small_gemm_missing() -> str | None:
 def bf16_decode_missing() -> str | None:
     """Why the bf16 decode arms cannot run as the rows state them here (no C++ ops, or no
     oneDNN bf16 linear to pack the weights for), or None."""
-    from nanoserve.prepack import unavailable
+    from nanoserve.cpu.prepack import unavailable
 
     return ops_missing() or unavailable(torch.device("cpu"), torch.bfloat16)
 
@@ -79,7 +79,7 @@ def amx_missing() -> str | None:
     AMX the bf16 matmuls are slower (a machine with AVX512-BF16 and no AMX ran them below
     float32's speed), so the small kernel can win at more rows, the matmuls' share grows and a
     fused op saves a smaller part of the step: these rows do not say what happens there."""
-    from nanoserve.weights import cpu_flags
+    from nanoserve.model.weights import cpu_flags
 
     return None if "amx_bf16" in cpu_flags() else "needs AMX (amx_bf16), where these were measured"
 
@@ -98,7 +98,7 @@ def bf16_counts_missing() -> str | None:
     why = bf16_decode_missing()
     if why or small_gemm_missing():  # no small-M kernel at all: every batch stays on oneDNN
         return why
-    from nanoserve.small_gemm import choose
+    from nanoserve.cpu.small_gemm import choose
 
     with one_thread():
         if any(choose(n, k) >= N_ROWS for n, k in SHAPES.values()):
@@ -548,12 +548,12 @@ def onednn_over_small(name: str, rows: int, rounds: int = 5) -> float:
 
 
 def cached_load_s() -> float:
-    """``python -m nanoserve.csrc`` in a fresh process, once the library is built: the time its
+    """``python -m nanoserve.cpu.csrc`` in a fresh process, once the library is built: the time its
     ``load()`` took, read from its own report. Refuses a run that built instead of loading."""
     reason = ops_missing()  # builds it here first if it had never been built
     if reason:
         raise RuntimeError(reason)
-    out = subprocess.run([sys.executable, "-m", "nanoserve.csrc"], cwd=ROOT, check=True,
+    out = subprocess.run([sys.executable, "-m", "nanoserve.cpu.csrc"], cwd=ROOT, check=True,
                          capture_output=True, text=True, timeout=600).stdout
     m = re.search(r"C\+\+ ops: cached .*; load ([\d.]+) s", out)
     if not m:
@@ -622,6 +622,6 @@ CLAIMS = [
           needs=small_gemm_amx_missing),
     timed("the same, LM head 576 -> 49152, 2 rows", lambda: onednn_over_small("lm head", 2),
           fmt=RATIO, needs=small_gemm_amx_missing),
-    timed("`python -m nanoserve.csrc` with the library built: load time", cached_load_s,
+    timed("`python -m nanoserve.cpu.csrc` with the library built: load time", cached_load_s,
           needs=NEED),
 ]

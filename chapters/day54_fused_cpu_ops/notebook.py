@@ -7,7 +7,7 @@
 # %% [markdown]
 # # Day 54 notebook: the decode step's small ops, fused
 #
-# In well under a minute on a CPU, once the C++ ops are built (`python -m nanoserve.csrc`;
+# In well under a minute on a CPU, once the C++ ops are built (`python -m nanoserve.cpu.csrc`;
 # without them every cell below says why and skips), this notebook:
 #
 # 1. loads the ops and says where they came from;
@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 from chapters.day54_fused_cpu_ops import claims
-from nanoserve import LLM, SamplingParams, csrc
+from nanoserve import LLM, SamplingParams
+from nanoserve.cpu import csrc
 
 torch.set_num_threads(1)
 
@@ -165,7 +166,7 @@ if HAVE_OPS:
 # a bf16 kernel.
 
 # %%
-from nanoserve.small_gemm import ALL_ROWS, cache_path
+from nanoserve.cpu.small_gemm import ALL_ROWS, cache_path
 
 table = json.loads(cache_path().read_text()) if cache_path().is_file() else {}
 mine = {k: v for k, v in table.items()

@@ -2,7 +2,7 @@
 greedy tokens with it, what it materialises, and what it costs in time on this CPU.
 
 Error rows call ``torch.ops.nanoserve.paged_decode_attention`` and the package's
-``decode_attention_reference`` (``nanoserve.csrc.ops``) on seeded ragged batches over scrambled
+``decode_attention_reference`` (``nanoserve.cpu.csrc.ops``) on seeded ragged batches over scrambled
 pools; the frozen plain-torch model (``snapshot/paged_decode.py``) is held against the compiled
 op. Token rows run the package's ``LLM`` on nanoserve-tiny. Bytes come from the package's
 ``workspace_bytes`` for the other reads and from the snapshot's mirror of the kernel's
@@ -35,7 +35,7 @@ RAGGED = [2000, 1500, 900, 600, 300, 128, 50, 10]
 
 def kernel_missing() -> str | None:
     """Why the C++ ops cannot run here (no compiler, NANOSERVE_NO_KERNELS), or None."""
-    from nanoserve import csrc
+    from nanoserve.cpu import csrc
 
     return csrc.load()
 
@@ -74,7 +74,7 @@ def kernel(q, kp, vp, table, ctx, block_size):
 
 
 def reference(q, kp, vp, table, ctx, block_size):
-    from nanoserve.csrc.ops import decode_attention_reference
+    from nanoserve.cpu.csrc.ops import decode_attention_reference
 
     return decode_attention_reference(q, kp, vp, table, ctx, block_size)
 
@@ -167,8 +167,9 @@ def engine_runs() -> dict:
     256-token step budget (chunked prefill beside decodes), a pool of 80 16-token blocks that
     forces preemption. Kernel calls are counted on the cache, per kind of step, and in the
     decode steps that ``decode_layers`` runs (Day 54's later loop in C++: one call a layer)."""
-    from nanoserve import LLM, SamplingParams, fused
-    from nanoserve.paged import BatchedPagedKVCache
+    from nanoserve import LLM, SamplingParams
+    from nanoserve.attention.paged import BatchedPagedKVCache
+    from nanoserve.cpu import fused
 
     g = torch.Generator().manual_seed(55)
     lens = (700, 20, 550, 90, 5, 300, 610, 40)
@@ -244,7 +245,7 @@ def auto_choice() -> str:
 def workspace(lens: list[int]) -> str:
     """One layer's read, bf16 pools, 16-token blocks: the package's figures for the other
     reads, the snapshot's mirror of the kernel's allocations for this one."""
-    from nanoserve.attention import workspace_bytes
+    from nanoserve.attention.workspace import workspace_bytes
 
     others = [workspace_bytes(p, lens, *SMOL, 2, block_size=16)
               for p in ("reference", "gathered", "triton")]
@@ -292,7 +293,8 @@ def read_times(dtype_name: str, context: int, rounds: int = 15) -> dict[str, flo
                                  getattr(torch, dtype_name))
     rect, cells, owner = layouts(table, ctx, 16)
     calls = max(3, 6000 // context)
-    from nanoserve.attention import paged_attention_batched_reference, paged_attention_gathered
+    from nanoserve.attention.gathered import paged_attention_gathered
+    from nanoserve.attention.reference import paged_attention_batched_reference
 
     def timer(fn):
         def run():

@@ -53,8 +53,8 @@ def keywords() -> str:
     and ``AsyncLLM.from_options`` take exactly those names), the engine and its core their
     constructors' keywords."""
     from nanoserve.config import EngineConfig
-    from nanoserve.core import EngineCore
-    from nanoserve.engine import Engine
+    from nanoserve.engine.core import EngineCore
+    from nanoserve.engine.engine import Engine
 
     fields = ", ".join(n for n in EngineConfig.names() if n in snap.SPEED_KEYWORDS)
     return "; ".join([f"EngineConfig: {fields}", f"LLM: {fields}",

@@ -29,20 +29,20 @@ def params():
 
 
 def capture_lists() -> str:
-    from nanoserve.graphs import capture_sizes
+    from nanoserve.cuda.graphs import capture_sizes
 
     return "; ".join(f"{n}: {capture_sizes(n)}" for n in (1, 6, 8, 12))
 
 
 def buckets() -> str:
-    from nanoserve.graphs import bucket_for, capture_sizes
+    from nanoserve.cuda.graphs import bucket_for, capture_sizes
 
     sizes = capture_sizes(SLOTS)
     return ", ".join(str(bucket_for(n, sizes)) for n in range(1, SLOTS + 2))
 
 
 def frozen_lists() -> str:
-    from nanoserve.graphs import bucket_for, capture_sizes
+    from nanoserve.cuda.graphs import bucket_for, capture_sizes
 
     same = sum(capture_sizes(n) == snap.capture_sizes(n)
                and all(bucket_for(k, capture_sizes(n)) == snap.bucket_for(k, capture_sizes(n))
@@ -52,7 +52,7 @@ def frozen_lists() -> str:
 
 
 def prefix() -> str:
-    from nanoserve.graphs import rows_are_a_prefix
+    from nanoserve.cuda.graphs import rows_are_a_prefix
 
     return ", ".join("yes" if rows_are_a_prefix(r) else "no"
                      for r in ((2, 0, 1), (0, 2), (1,)))

@@ -31,7 +31,7 @@ import torch
 from chapters.common import SHIPPED
 from chapters.day57_graph_capture.snapshot import windows as frozen
 from nanoserve import LLM, SamplingParams
-from nanoserve.graphs import bucket_for, capture_sizes
+from nanoserve.cuda.graphs import bucket_for, capture_sizes
 
 torch.set_num_threads(1)
 

@@ -42,8 +42,8 @@ from nanoserve.bench.gates import (
     check_moves_amortised,
     check_moves_minimal,
 )
-from nanoserve.block_allocator import BlockAllocator
-from nanoserve.compact import (
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.compact import (
     RowCompactor,
     RowMove,
     holes,
@@ -52,8 +52,8 @@ from nanoserve.compact import (
     plan_compaction,
     strays,
 )
-from nanoserve.request import Request
-from nanoserve.scheduler import Scheduler
+from nanoserve.engine.request import Request
+from nanoserve.engine.scheduler import Scheduler
 
 torch.set_num_threads(1)
 

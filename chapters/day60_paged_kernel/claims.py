@@ -2,9 +2,9 @@
 it materialises.
 
 Errors are measured in float32 under Triton's interpreter (no GPU here) on tiny ragged shapes
-with scattered block ids; launch grids are recorded from ``nanoserve.kernels.paged_attention``
+with scattered block ids; launch grids are recorded from ``nanoserve.cuda.kernels.paged_attention``
 itself (a recorder stands in for the kernel object, so a Llama-3.2-1B-sized shape can be
-launched without running it); bytes come from ``nanoserve.attention.workspace_bytes``.
+launched without running it); bytes come from ``nanoserve.attention.workspace.workspace_bytes``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ LLAMA = dict(num_q_heads=32, num_kv_heads=8, head_dim=64, dtype_bytes=2)  # Llam
 
 
 def kernels():
-    """nanoserve.kernels, under the interpreter that chapters.runner chose on import."""
-    return importlib.import_module("nanoserve.kernels")
+    """nanoserve.cuda.kernels, under the interpreter that chapters.runner chose on import."""
+    return importlib.import_module("nanoserve.cuda.kernels")
 
 
 def lens_for(block_size: int) -> list[int]:
@@ -67,7 +67,7 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def reference(q, k, v, cells, ctx):
-    from nanoserve.attention import paged_attention_batched_reference
+    from nanoserve.attention.reference import paged_attention_batched_reference
 
     return paged_attention_batched_reference(q.float(), k.float(), v.float(), cells,
                                              ctx[:, None] - 1, ctx)
@@ -136,7 +136,7 @@ def poisoned() -> str:
 
 class Launches:
     """Record every launch of the two Triton kernels (grid, constexprs, the segment length) by
-    standing in for the kernel objects inside nanoserve.kernels.paged_attention; with
+    standing in for the kernel objects inside nanoserve.cuda.kernels.paged_attention; with
     ``run=False`` nothing executes, so a full-size shape costs only its allocations.
 
     >>> with Launches(run=False) as log:           # doctest: +SKIP
@@ -150,7 +150,7 @@ class Launches:
 
     def __enter__(self) -> Launches:
         kernels()
-        self.mod = importlib.import_module("nanoserve.kernels.paged_attention")
+        self.mod = importlib.import_module("nanoserve.cuda.kernels.paged_attention")
         self.saved = self.mod._paged_attention_kernel, self.mod._combine_kernel
         self.mod._paged_attention_kernel = _Recorder("attention", self.saved[0], self)
         self.mod._combine_kernel = _Recorder("combine", self.saved[1], self)
@@ -214,7 +214,7 @@ def head_dim_48() -> str:
 
 
 def workspace(path: str, lens: list[int], **over) -> int:
-    from nanoserve.attention import workspace_bytes
+    from nanoserve.attention.workspace import workspace_bytes
 
     return workspace_bytes(path, lens, **{**LLAMA, **over})
 

@@ -39,7 +39,7 @@ from chapters.day60_paged_kernel.claims import (
     workspace,
 )
 from chapters.day60_paged_kernel.snapshot import online
-from nanoserve.kernels import paged_attention
+from nanoserve.cuda.kernels import paged_attention
 
 torch.set_num_threads(1)
 

@@ -1,7 +1,7 @@
 """Day 61's numbers: which shapes split and into how many segments, split-K against one pass,
 the merge, and the bytes the partials cost.
 
-Segment counts are read from the launch grid that ``nanoserve.kernels.paged_attention`` builds
+Segment counts are read from the launch grid that ``nanoserve.cuda.kernels.paged_attention`` builds
 (recorded, not run, for Llama-3.2-1B-sized shapes); errors are float32 under Triton's
 interpreter on tiny shapes; bytes come from ``workspace_bytes`` and from the partial tensors a
 recorded launch allocates.
@@ -142,7 +142,7 @@ def bytes_row(lens: tuple[int, ...]) -> str:
 def partial_bytes() -> str:
     """8 rows × 1,024: the block-id table alone (one pass forced) and what split-K adds, as
     workspace_bytes prices it and as the recorded launch actually allocated."""
-    from nanoserve.kernels import workspace_bytes
+    from nanoserve.cuda.kernels import workspace_bytes
 
     lens = (1024,) * 8
     table = workspace_bytes(8, 32, 8, 64, 64, 16, splits=1)

@@ -28,7 +28,7 @@ import torch
 
 from chapters.day60_paged_kernel.claims import case, launch_lens, reference, rel, workspace
 from chapters.day61_split_k.snapshot import split_k
-from nanoserve.kernels import choose_splits, paged_attention
+from nanoserve.cuda.kernels import choose_splits, paged_attention
 
 torch.set_num_threads(1)
 

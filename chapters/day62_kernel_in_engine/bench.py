@@ -3,7 +3,7 @@
     python -m chapters.day62_kernel_in_engine.bench \
         --out chapters/day62_kernel_in_engine/results/kernel.json
 
-On a CUDA machine this times ``nanoserve.kernels.paged_attention`` against
+On a CUDA machine this times ``nanoserve.cuda.kernels.paged_attention`` against
 ``paged_attention_gathered`` (Day 50) on Llama-3.2-1B's attention shape (32 query heads, 8 KV
 heads, head_dim 64, bf16, 16-token blocks) at 64 rows × 1,024 tokens (one pass) and 1 row ×
 4,096 (split-K), best of interleaved rounds of CUDA-event timings, and measures the bf16
@@ -65,8 +65,8 @@ def speedup(rows: int, ctx: int, device: str, rounds: int = 5, reps: int = 20,
             hkv: int = 8, group: int = 4, head_dim: int = 64,
             dtype: torch.dtype = torch.bfloat16) -> float:
     """gathered time / kernel time, each its best over interleaved rounds."""
-    from nanoserve.attention import paged_attention_gathered
-    from nanoserve.kernels import paged_attention
+    from nanoserve.attention.gathered import paged_attention_gathered
+    from nanoserve.cuda.kernels import paged_attention
 
     lens = [ctx] * rows
     q, k, v, tables, cells, lens_t = (t.to(device) for t in case(
@@ -88,7 +88,7 @@ def speedup(rows: int, ctx: int, device: str, rounds: int = 5, reps: int = 20,
 def bf16_error(device: str, configs=None) -> float:
     """Worst relative error of the bf16 kernel against the float32 reference, decode and
     prefill, one pass and split, over ``tools.kernel_aot``'s bf16 configurations."""
-    from nanoserve.kernels import paged_attention
+    from nanoserve.cuda.kernels import paged_attention
     from tools.kernel_aot import configurations
 
     worst = 0.0

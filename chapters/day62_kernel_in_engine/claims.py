@@ -37,15 +37,15 @@ def engine_runs() -> dict:
     """The same requests through attention="reference" and attention="triton". In the triton
     run every call of the kernel and of packed prefill is counted, and each kernel call's block
     ids are held against the frozen snapshot's, read from the slot table at that moment."""
-    import nanoserve.kernels
-    import nanoserve.paged
+    import nanoserve.attention.paged
+    import nanoserve.cuda.kernels
     from nanoserve import LLM, SamplingParams
 
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in MAX_TOKENS]
     runs, seen = {}, {"kernel": [], "packed": 0, "reference": 0}
-    kernel = nanoserve.kernels.paged_attention
-    packed = nanoserve.paged.packed_prefill_attention
-    ref = nanoserve.paged.paged_attention_batched_reference
+    kernel = nanoserve.cuda.kernels.paged_attention
+    packed = nanoserve.attention.paged.packed_prefill_attention
+    ref = nanoserve.attention.paged.paged_attention_batched_reference
     for attention in ("reference", "triton"):
         llm = LLM(hf_checkpoint("gqa"), attention=attention, **ENGINE)
         cache = llm.engine.cache
@@ -64,15 +64,15 @@ def engine_runs() -> dict:
                 seen["reference"] += 1
                 return ref(*a, **kw)
 
-            nanoserve.kernels.paged_attention = spy_kernel
-            nanoserve.paged.packed_prefill_attention = spy_packed
-            nanoserve.paged.paged_attention_batched_reference = spy_ref
+            nanoserve.cuda.kernels.paged_attention = spy_kernel
+            nanoserve.attention.paged.packed_prefill_attention = spy_packed
+            nanoserve.attention.paged.paged_attention_batched_reference = spy_ref
         try:
             outs = llm.generate(PROMPTS, params)
         finally:
-            nanoserve.kernels.paged_attention = kernel
-            nanoserve.paged.packed_prefill_attention = packed
-            nanoserve.paged.paged_attention_batched_reference = ref
+            nanoserve.cuda.kernels.paged_attention = kernel
+            nanoserve.attention.paged.packed_prefill_attention = packed
+            nanoserve.attention.paged.paged_attention_batched_reference = ref
         runs[attention] = ([o.token_ids for o in outs], llm.stats.preemptions,
                            llm.stats.decode_steps)
     runs["seen"] = seen
@@ -115,7 +115,7 @@ def kernel_prefill_reads(n: int = 512, block_size: int = 16) -> list[int]:
     read. Blocks are handed out in reverse, so the reads go through the table, not in order.
     One tile covers the whole prompt, so the interpreter runs each query's program in one pass
     (the count does not depend on the tile: a tile masks the loads past a query's horizon)."""
-    from nanoserve.kernels import paged_attention
+    from nanoserve.cuda.kernels import paged_attention
 
     D = 16
     blocks = -(-n // block_size)

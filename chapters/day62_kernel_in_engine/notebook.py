@@ -28,12 +28,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch
 
-from nanoserve.triton_mode import use_interpreter
+from nanoserve.cuda.triton_mode import use_interpreter
 
 use_interpreter()  # no CUDA here: Triton's interpreter, chosen before anything imports triton
 
-import nanoserve.kernels
-import nanoserve.paged
+import nanoserve.attention.paged
+import nanoserve.cuda.kernels
 from chapters.common import hf_checkpoint
 from chapters.day62_kernel_in_engine.snapshot import engine_read
 from nanoserve import LLM, SamplingParams
@@ -70,7 +70,7 @@ for i, (a, b) in enumerate(zip(outs["reference"], outs["triton"], strict=True)):
 
 # %%
 llm = LLM(PATH, attention="triton", **ENGINE)
-cache, kernel, shown = llm.engine.cache, nanoserve.kernels.paged_attention, []
+cache, kernel, shown = llm.engine.cache, nanoserve.cuda.kernels.paged_attention, []
 
 
 def look(q, k, v, blocks, ctx, bs, *a, **kw):
@@ -85,11 +85,11 @@ def look(q, k, v, blocks, ctx, bs, *a, **kw):
     return kernel(q, k, v, blocks, ctx, bs, *a, **kw)
 
 
-nanoserve.kernels.paged_attention = look
+nanoserve.cuda.kernels.paged_attention = look
 try:
     llm.generate(PROMPTS[:3], PARAMS[:3])
 finally:
-    nanoserve.kernels.paged_attention = kernel
+    nanoserve.cuda.kernels.paged_attention = kernel
 
 # %% [markdown]
 # ## 3. Where each step's attention went
@@ -98,7 +98,7 @@ finally:
 
 # %%
 counts = {"kernel": 0, "kernel, T > 1": 0, "packed prefill": 0}
-packed = nanoserve.paged.packed_prefill_attention
+packed = nanoserve.attention.paged.packed_prefill_attention
 
 
 def count_kernel(q, *a, **kw):
@@ -112,13 +112,13 @@ def count_packed(*a, **kw):
     return packed(*a, **kw)
 
 
-nanoserve.kernels.paged_attention = count_kernel
-nanoserve.paged.packed_prefill_attention = count_packed
+nanoserve.cuda.kernels.paged_attention = count_kernel
+nanoserve.attention.paged.packed_prefill_attention = count_packed
 try:
     LLM(PATH, attention="triton", **ENGINE).generate(PROMPTS, PARAMS)
 finally:
-    nanoserve.kernels.paged_attention = kernel
-    nanoserve.paged.packed_prefill_attention = packed
+    nanoserve.cuda.kernels.paged_attention = kernel
+    nanoserve.attention.paged.packed_prefill_attention = packed
 print(counts)
 
 # %% [markdown]

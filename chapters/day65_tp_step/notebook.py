@@ -38,7 +38,7 @@ from chapters.common import SHIPPED
 from chapters.day65_tp_step.claims import PROMPTS, killed, killed_says, records
 from chapters.day65_tp_step.snapshot import step as frozen
 from nanoserve import LLM, SamplingParams
-from nanoserve.paged import BatchedPagedKVCache
+from nanoserve.attention.paged import BatchedPagedKVCache
 from nanoserve.tp import mirror, protocol
 
 KINDS = {frozen.PREFILL: "PREFILL", frozen.DECODE: "DECODE", frozen.STOP: "STOP"}

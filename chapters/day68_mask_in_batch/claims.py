@@ -96,7 +96,7 @@ def apply_costs() -> dict:
 
 
 def no_op() -> str | None:
-    from nanoserve import csrc
+    from nanoserve.cpu import csrc
 
     why = csrc.load()
     return f"needs nanoserve's C++ ops ({why})" if why else None

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from ..llm import LLM
-from ..sampling import SamplingParams
-from .shapes import ROOT
-from .workload import Workload, static_waves
+from nanoserve.bench.shapes import ROOT
+from nanoserve.bench.workload import Workload, static_waves
+from nanoserve.llm import LLM
+from nanoserve.sampling.params import SamplingParams
 
 DEFAULT_VLLM_VENV = ROOT / ".venv-vllm"
 ENGINES = ("nanoserve", "hf", "hf-cb", "vllm")

@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from .gates import GateFailed, check_arm_replayed_every_step
+from nanoserve.bench.gates import GateFailed, check_arm_replayed_every_step
 
 # arm -> its ``nanoserve serve`` flags; "free-rows" is the control: graphs without compaction
 ARMS = {
@@ -78,10 +78,10 @@ def served_here(model: Path, flags: tuple[str, ...], timeout_s: float = 180.0):
     127.0.0.1; yields ``(LocalServer, engine)`` once ``/health`` says 200, stops it after."""
     import httpx
 
-    from ..config import EngineConfig
-    from ..entrypoints.openai import serve
-    from ..entrypoints.openai.app import build_app
-    from .local_server import LocalServer
+    from nanoserve.bench.local_server import LocalServer
+    from nanoserve.config import EngineConfig
+    from nanoserve.entrypoints.openai import serve
+    from nanoserve.entrypoints.openai.app import build_app
 
     ap = argparse.ArgumentParser()
     serve.add_arguments(ap)
@@ -135,8 +135,8 @@ def run_arms(weights: str, device: str, rates: list[float], arms=DEFAULT_ARMS,
     from a thread here and add the engine's own counters to its rows (module docstring)."""
     import httpx
 
-    from .local_server import engine_argv, local_server
-    from .serve import run_bench
+    from nanoserve.bench.local_server import engine_argv, local_server
+    from nanoserve.bench.serve import run_bench
 
     folder = Path(weights)
     if not (folder / "config.json").is_file():
@@ -151,7 +151,7 @@ def run_arms(weights: str, device: str, rates: list[float], arms=DEFAULT_ARMS,
     cuda = device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         raise ValueError(f"--device {device} but CUDA is not available here")
-    from .hardware import describe_hardware, hardware
+    from nanoserve.bench.hardware import describe_hardware, hardware
 
     hw = hardware(device)
     report = {

@@ -17,8 +17,8 @@ import random
 import statistics
 import time
 
-from ..llm import LLM
-from ..sampling import SamplingParams
+from nanoserve.llm import LLM
+from nanoserve.sampling.params import SamplingParams
 
 
 def workload(requests: int, seed: int, prompt_lens: tuple[int, int], gen_lens: tuple[int, int],

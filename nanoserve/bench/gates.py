@@ -6,10 +6,10 @@ a run did and fail loudly, naming the schedule and the numbers: every decode ste
 replayed a recorded window, every compaction moved exactly one row per hole and left a prefix,
 and at every point of a run the moves so far are at most the releases so far. They are
 measurement, not scheduling, so they live here beside ``graphbench``, which runs them; the rules
-they check (``is_compact``, ``moves_needed``) are ``nanoserve.compact``'s, imported downward.
+they check (``is_compact``, ``moves_needed``) are ``nanoserve.engine.compact``'s, imported downward.
 
 ```pycon
->>> from nanoserve.compact import RowMove
+>>> from nanoserve.engine.compact import RowMove
 >>> rec = ScheduleRecord(decode_rows=(0, 1), moves=(RowMove(3, 1),), releases=1)
 >>> rows_before(rec.decode_rows, rec.moves)       # row 1's tenant came down from row 3
 [0, 3]
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..compact import RowMove, is_compact, moves_needed
+from nanoserve.engine.compact import RowMove, is_compact, moves_needed
 
 
 class GateFailed(AssertionError):

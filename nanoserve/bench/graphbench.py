@@ -3,7 +3,7 @@
 Why this module exists: a captured decode graph reads the window ``slots[:n]``, so it can only
 replay a step whose decode rows are 0..n-1. Whether they are depends on the scheduler, not on
 the graph: the free-row heap leaves survivors stranded above the holes that completions make,
-and the persistent batch (``Scheduler(compact_rows=True)``, ``nanoserve.compact``) moves them
+and the persistent batch (``Scheduler(compact_rows=True)``, ``nanoserve.engine.compact``) moves them
 down. This harness counts both, with no model and no device: the real ``Scheduler`` over a real
 ``BlockAllocator`` with integer tokens, exactly as ``bench sched`` drives it.
 
@@ -38,11 +38,7 @@ import csv
 import json
 from pathlib import Path
 
-from ..block_allocator import BlockAllocator
-from ..compact import COMPACTION_MODES, RowCompactor, is_compact
-from ..request import Request
-from ..scheduler import Scheduler
-from .arms import (  # noqa: F401 - the arms' names, where the CLI and callers look for them
+from nanoserve.bench.arms import (  # noqa: F401 - the arms' names, where the CLI and callers look for them
     ARM_COLUMNS,
     ARMS,
     DEFAULT_ARMS,
@@ -50,13 +46,17 @@ from .arms import (  # noqa: F401 - the arms' names, where the CLI and callers l
     replay_counters,
     run_arms,
 )
-from .gates import (
+from nanoserve.bench.gates import (
     GateFailed,
     ScheduleRecord,
     check_arm_replayed_every_step,
     check_moves_amortised,
     check_moves_minimal,
 )
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.compact import COMPACTION_MODES, RowCompactor, is_compact
+from nanoserve.engine.request import Request
+from nanoserve.engine.scheduler import Scheduler
 
 TOKEN = 1  # every generated token; nothing here looks at values
 BLOCK_SIZE = 16

@@ -35,7 +35,7 @@ class LocalServer:
 
 
 def _engine_parser() -> argparse.ArgumentParser:
-    from ..config import EngineConfig
+    from nanoserve.config import EngineConfig
 
     p = argparse.ArgumentParser(add_help=False)
     EngineConfig.add_cli_args(p)

@@ -42,12 +42,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import DEFAULT_MODEL
-from .adapters import DEFAULT_VLLM_VENV, ENGINES, Setup
-from .hardware import describe_hardware, hardware
-from .runner import run_offline
-from .shapes import SHAPES, shape_checkpoint
-from .workload import Workload, make_workload
+from nanoserve.bench.adapters import DEFAULT_VLLM_VENV, ENGINES, Setup
+from nanoserve.bench.hardware import describe_hardware, hardware
+from nanoserve.bench.runner import run_offline
+from nanoserve.bench.shapes import SHAPES, shape_checkpoint
+from nanoserve.bench.workload import Workload, make_workload
+from nanoserve.config import DEFAULT_MODEL
 
 
 def _pair(text: str) -> tuple[int, int]:

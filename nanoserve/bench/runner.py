@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from .adapters import (
+from nanoserve.bench.adapters import (
     ENGINES,
     HFContinuousEngine,
     HFGenerateEngine,
@@ -29,8 +29,8 @@ from .adapters import (
     Skipped,
     release_models,
 )
-from .vllm_engine import VllmEngine
-from .workload import Workload, wave_accounting
+from nanoserve.bench.vllm_engine import VllmEngine
+from nanoserve.bench.workload import Workload, wave_accounting
 
 
 def make_engine(name: str, s: Setup, wl: Workload):

@@ -24,9 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..block_allocator import BlockAllocator
-from ..request import Request
-from ..scheduler import Scheduler
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.request import Request
+from nanoserve.engine.scheduler import Scheduler
 
 TOKEN = 1  # every generated token; the host-only harness never looks at values
 

@@ -35,10 +35,9 @@ import math
 import time
 from pathlib import Path
 
-from ..config import DEFAULT_MODEL
-from . import run_sync
-from .local_server import LocalServer, local_server
-from .serve_metrics import (  # noqa: F401  (ROWS, METRICS: importable from here, as before)
+from nanoserve.bench import run_sync
+from nanoserve.bench.local_server import LocalServer, local_server
+from nanoserve.bench.serve_metrics import (  # noqa: F401  (ROWS, METRICS: importable from here, as before)
     METRICS,
     ROWS,
     RequestFuncOutput,
@@ -47,7 +46,8 @@ from .serve_metrics import (  # noqa: F401  (ROWS, METRICS: importable from here
     rounded,
     server_counters,
 )
-from .workload import SampleRequest, arrival_times, sample_requests
+from nanoserve.bench.workload import SampleRequest, arrival_times, sample_requests
+from nanoserve.config import DEFAULT_MODEL
 
 
 def _chunk_text(choice: dict) -> str:
@@ -261,7 +261,7 @@ def run_bench(url: str | None = None, rates=(float("inf"),), requests: int = 64,
     model_dir = Path(model) if model is not None else DEFAULT_MODEL
     tokenizer = None
     if prompt_format == "text":
-        from ..tokenizer import Tokenizer
+        from nanoserve.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.from_dir(model_dir)
     options = dict(dataset_options or {})

@@ -14,9 +14,9 @@ import math
 import os
 import sys
 
-from .local_server import engine_argv, engine_options_set
-from .serve_metrics import print_table, rounded
-from .workload import DATASETS
+from nanoserve.bench.local_server import engine_argv, engine_options_set
+from nanoserve.bench.serve_metrics import print_table, rounded
+from nanoserve.bench.workload import DATASETS
 
 
 def _rates(text: str) -> list[float]:
@@ -32,7 +32,7 @@ def _rates(text: str) -> list[float]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The benchmark's flags, then ``nanoserve serve``'s engine flags for the server it starts
     without ``--url`` (``--model`` also gives the prompts' vocabulary, with ``--url`` too)."""
-    from ..config import EngineConfig
+    from nanoserve.config import EngineConfig
 
     p.add_argument("--url", default=None,
                    help="server base URL; without it --model is served on 127.0.0.1 with the "
@@ -115,7 +115,7 @@ def _workload_text(args: argparse.Namespace) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .serve import run_bench
+    from nanoserve.bench.serve import run_bench
 
     try:
         results = run_bench(

@@ -25,7 +25,7 @@ import math
 import statistics
 import sys
 
-from .serve import run_bench
+from nanoserve.bench.serve import run_bench
 
 KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")
 ARMS = ("nanoserve", "peer")
@@ -33,8 +33,8 @@ ARMS = ("nanoserve", "peer")
 
 def _start(stack: contextlib.ExitStack, arm: str, peer: str, model, nanoserve_args, peer_args,
            venv, timeout_s: float) -> str:
-    from .local_server import local_server
-    from .vllm_server import vllm_server
+    from nanoserve.bench.local_server import local_server
+    from nanoserve.bench.vllm_server import vllm_server
 
     if arm == "peer" and peer == "vllm":
         return stack.enter_context(vllm_server(model, tuple(peer_args), venv)).url
@@ -103,8 +103,8 @@ def print_summary(report: dict, title: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .serve_cli import _rates
-    from .workload import DATASETS
+    from nanoserve.bench.serve_cli import _rates
+    from nanoserve.bench.workload import DATASETS
 
     p.add_argument("--model", required=True, help="the checkpoint both servers load")
     p.add_argument("--peer", choices=("vllm", "nanoserve"), default="vllm")

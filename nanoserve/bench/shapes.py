@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..config import DEFAULT_MODEL
+from nanoserve.config import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE_CACHE = ROOT / "build" / "offline-checkpoints"

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..llm import DEFAULT_MODEL
-from . import run_sync
+from nanoserve.bench import run_sync
+from nanoserve.llm import DEFAULT_MODEL
 
 
 @dataclass(slots=True)
@@ -191,8 +191,8 @@ async def _soak(base_url: str, pid: int, jobs: list[Job], concurrency: int, mode
 
 def reference_texts(jobs: list[Job], model_dir) -> dict[int, str]:
     """The offline engine's text for every greedy job, in float32 (what the server runs)."""
-    from ..llm import LLM
-    from ..sampling import SamplingParams
+    from nanoserve.llm import LLM
+    from nanoserve.sampling.params import SamplingParams
 
     llm = LLM(model_dir, dtype="float32")
     greedy = [j for j in jobs if j.greedy]
@@ -210,8 +210,8 @@ def run_soak(requests: int = 10_000, concurrency: int = 64, disconnect_rate: flo
              ) -> dict:
     from rich.progress import Progress
 
-    from ..tokenizer import Tokenizer
-    from .local_server import local_server
+    from nanoserve.bench.local_server import local_server
+    from nanoserve.tokenizer import Tokenizer
 
     model_dir = Path(model) if model else DEFAULT_MODEL
     has_template = Tokenizer.from_dir(model_dir).chat_template is not None
@@ -310,6 +310,6 @@ def _machine() -> str:
     """The CPU by name, its core count, and the GPU (none: the soak runs the server on CPU)."""
     import os
 
-    from .hardware import cpu_model
+    from nanoserve.bench.hardware import cpu_model
 
     return f"{platform.machine()} {cpu_model()}, {os.cpu_count() or 1} CPUs, no GPU"

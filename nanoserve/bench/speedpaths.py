@@ -51,7 +51,7 @@ def positions() -> None:
 
 
 def workspace() -> None:
-    from nanoserve.attention import workspace_bytes
+    from nanoserve.attention.workspace import workspace_bytes
     for name, lens in [("one of 2000 + 31 of 50", [2000] + [50] * 31),
                        ("32 of 16..202", list(range(16, 208, 6))), ("32 of 512", [512] * 32)]:
         r, g = (workspace_bytes(p, lens, 9, 3, 64, 2) for p in ("reference", "gathered"))
@@ -60,8 +60,8 @@ def workspace() -> None:
 
 
 def bf16() -> None:
+    from nanoserve.model.weights import load_model
     from nanoserve.testing import load_hf_model, relative_logit_error, write_hf_checkpoint
-    from nanoserve.weights import load_model
     for name, shape in [("tiny gqa", ("gqa", {})), ("SmolLM2-135M shape", ("tied", SMOLLM2_135M))]:
         d = write_hf_checkpoint(tempfile.mkdtemp(), shape[0], **shape[1])
         vocab = shape[1].get("vocab_size", 256)
@@ -136,7 +136,7 @@ def decode(arms: list[str], dtype: str, steps: int, ragged: bool) -> None:
 
 def linear(rows: int, dtype: str) -> None:
     """One SmolLM2-135M layer's projections and the LM head: F.linear vs the packed weight."""
-    from nanoserve.prepack import PackedLinear
+    from nanoserve.cpu.prepack import PackedLinear
     dt = getattr(torch, dtype)
     E, inter, V = SMOLLM2_135M["hidden_size"], SMOLLM2_135M["intermediate_size"], 49152
     shapes = {"qkv 576->960": (E, 960), "o 576->576": (E, E), "gate_up 576->3072": (E, 2 * inter),
@@ -226,7 +226,7 @@ def pages(dtype: str, pairs: int) -> None:
     times; the median of the paired ratios, with the 10th and 90th percentiles."""
     from nanoserve import LLM
     from nanoserve.bench.shapes import shape_checkpoint
-    from nanoserve.prepack import small_copies
+    from nanoserve.cpu.prepack import small_copies
 
     torch.set_num_threads(1)
     llm = LLM(str(shape_checkpoint("smollm2-135m")), dtype=dtype, skip_tokenizer_init=True,
@@ -265,9 +265,9 @@ def prefill(dtype: str, pairs: int) -> None:
     the decode kernel (``cpu_prefill``, K/V in the pool's scattered blocks), alternately."""
     import torch.nn.functional as F
 
-    from nanoserve import csrc
-    from nanoserve.attention import packed_prefill_attention
-    from nanoserve.cpu_prefill import attend_prompts, token_tables
+    from nanoserve.attention.causal import packed_prefill_attention
+    from nanoserve.cpu import csrc
+    from nanoserve.cpu.prefill import attend_prompts, token_tables
 
     why = csrc.load()
     if why:
@@ -308,8 +308,9 @@ def layers(dtype: str, pairs: int) -> None:
     """One thread, 8 rows of the SmolLM2-135M shape decoding (prompts of 40 to 96 tokens): whole
     engine steps with the layer loop as one C++ op (``decode_layers``) and with fused.py's
     Python loop, alternately, ``pairs`` times; the median step of each and of their ratio."""
-    from nanoserve import LLM, SamplingParams, fused
+    from nanoserve import LLM, SamplingParams
     from nanoserve.bench.shapes import shape_checkpoint
+    from nanoserve.cpu import fused
 
     torch.set_num_threads(1)
     llm = LLM(str(shape_checkpoint("smollm2-135m")), dtype=dtype, skip_tokenizer_init=True,

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import LLM, SamplingParams
-from ..config import DEFAULT_MODEL
-from .workload import Workload
+from nanoserve import LLM, SamplingParams
+from nanoserve.bench.workload import Workload
+from nanoserve.config import DEFAULT_MODEL
 
 
 @dataclass
@@ -130,8 +130,8 @@ def report(b: Breakdown) -> str:
 
 
 def main(argv=None) -> None:
-    from .offline import workload_for
-    from .shapes import SHAPES, shape_checkpoint
+    from nanoserve.bench.offline import workload_for
+    from nanoserve.bench.shapes import SHAPES, shape_checkpoint
 
     p = argparse.ArgumentParser(prog="python -m nanoserve.bench.steps")
     p.add_argument("--shape", choices=["tiny", *SHAPES], default="smollm2-135m")

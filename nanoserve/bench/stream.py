@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from .speedpaths import SMOLLM2_135M
+from nanoserve.bench.speedpaths import SMOLLM2_135M
 
 IN_CACHE = (3072, 576)  # float32: 7 MB, inside an EPYC's 32 MB L3; 76 calls make a step
 
@@ -58,9 +58,9 @@ def timed_pass(weights: list[tuple[torch.Tensor, int]], rows: int, dtype: torch.
 
 
 def main(argv=None) -> None:
-    from .. import csrc
-    from ..huge_pages import place
-    from ..small_gemm import unavailable
+    from nanoserve.cpu import csrc
+    from nanoserve.cpu.huge_pages import place
+    from nanoserve.cpu.small_gemm import unavailable
 
     p = argparse.ArgumentParser(prog="python -m nanoserve.bench.stream")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from ..llm import LLM
-from ..request import RequestState
-from ..sampling import SamplingParams
-from .batchbench import workload
+from nanoserve.bench.batchbench import workload
+from nanoserve.engine.request import RequestState
+from nanoserve.llm import LLM
+from nanoserve.sampling.params import SamplingParams
 
 
 def run_stress(model=None, requests: int = 40, seed: int = 0, num_kv_blocks: int = 16,

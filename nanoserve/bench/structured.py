@@ -32,8 +32,8 @@ import statistics
 import sys
 import time
 
-from ..config import DEFAULT_MODEL
-from .hardware import hardware
+from nanoserve.bench.hardware import hardware
+from nanoserve.config import DEFAULT_MODEL
 
 # An array of objects that needs 50 items: no completion closes it in the tokens a round has.
 LONG_SCHEMA = {"type": "array", "minItems": 50, "items": {
@@ -62,7 +62,7 @@ class SamplerClock:
         self.steps = 0
 
     def __enter__(self):
-        from ..structured import mask
+        from nanoserve.structured import mask
 
         self._mask, self._fill, self._apply = mask, mask.fill, mask.apply
         clock = self
@@ -91,8 +91,8 @@ class SamplerClock:
 
 def overhead(llm, rows: int = 8, constrained: int = 4, tokens: int = 64, rounds: int = 3) -> dict:
     """Decode time of ``rows`` rows with ``constrained`` under LONG_SCHEMA, against none."""
-    from ..sampling import SamplingParams
-    from ..structured.params import StructuredOutputsParams
+    from nanoserve.sampling.params import SamplingParams
+    from nanoserve.structured.params import StructuredOutputsParams
 
     prompts = [f"Record {i} as JSON:" for i in range(rows)]
     free = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
@@ -135,9 +135,9 @@ def overhead(llm, rows: int = 8, constrained: int = 4, tokens: int = 64, rounds:
 def compile_costs(backend, n: int = 50) -> dict:
     """Median milliseconds for a cold compile and for a cached copy, each with its first mask,
     over ``n`` seeded random schemas (``nanoserve.testing.random_json_schema``)."""
-    from ..structured.mask import fill
-    from ..structured.params import StructuredOutputsParams
-    from ..testing import random_json_schema
+    from nanoserve.structured.mask import fill
+    from nanoserve.structured.params import StructuredOutputsParams
+    from nanoserve.testing import random_json_schema
 
     specs = [StructuredOutputsParams(json=random_json_schema(random.Random(s)))
              for s in range(n)]
@@ -186,9 +186,9 @@ def vocab_costs(sizes: list[int], steps: int = 40) -> list[dict]:
     ``steps`` tokens of LONG_SCHEMA, each token drawn (seeded) from the allowed set."""
     import torch
 
-    from ..structured.backend import GrammarBackend
-    from ..structured.mask import allowed, fill
-    from ..structured.params import StructuredOutputsParams
+    from nanoserve.structured.backend import GrammarBackend
+    from nanoserve.structured.mask import allowed, fill
+    from nanoserve.structured.params import StructuredOutputsParams
 
     out = []
     for size in sizes:
@@ -217,8 +217,8 @@ def apply_costs(sizes: list[int], batch: int = 8, constrained: int = 4,
     mask mostly is; the logits' copy is in both."""
     import torch
 
-    from .. import csrc
-    from ..structured import mask
+    from nanoserve.cpu import csrc
+    from nanoserve.structured import mask
 
     have_op = csrc.load() is None
     out = []
@@ -263,7 +263,7 @@ def _op_apply(logits, rows, words):
 
 def run(model, dtype: str, rows: int, constrained: int, tokens: int, rounds: int,
         sizes: list[int]) -> dict:
-    from ..llm import LLM
+    from nanoserve.llm import LLM
 
     llm = LLM(model, dtype=dtype, max_num_seqs=rows)
     return {"hardware": hardware("cpu"), "model": str(model), "dtype": dtype,

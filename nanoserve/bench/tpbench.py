@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from ..config import DEFAULT_MODEL
-from .hardware import hardware
-from .shapes import SHAPES, shape_checkpoint
-from .workload import make_workload
+from nanoserve.bench.hardware import hardware
+from nanoserve.bench.shapes import SHAPES, shape_checkpoint
+from nanoserve.bench.workload import make_workload
+from nanoserve.config import DEFAULT_MODEL
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _llm(model: Path, dtype: str, tp: int, batch: int, max_len: int):
-    from ..llm import LLM
+    from nanoserve.llm import LLM
 
     return LLM(model, dtype=dtype, tensor_parallel_size=tp, max_num_seqs=batch,
                max_model_len=max_len, skip_tokenizer_init=True)
@@ -54,7 +54,7 @@ def _llm(model: Path, dtype: str, tp: int, batch: int, max_len: int):
 
 def throughput(llm, wl) -> tuple[float, list[list[int]]]:
     """Useful tokens per second over one run of the workload, and the tokens."""
-    from ..sampling import SamplingParams
+    from nanoserve.sampling.params import SamplingParams
 
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in wl.max_tokens]
     t0 = time.perf_counter()
@@ -97,7 +97,7 @@ def step_split(llm, rows: int, steps: int, prompt_len: int = 32) -> dict:
 
 
 def _pinned(llm):
-    from ..threads import pinned
+    from nanoserve.cpu.threads import pinned
 
     return pinned(llm.binding)
 

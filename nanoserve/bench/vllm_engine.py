@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from .adapters import Setup, Skipped
-from .shapes import SHAPE_CACHE
-from .workload import Workload
+from nanoserve.bench.adapters import Setup, Skipped
+from nanoserve.bench.shapes import SHAPE_CACHE
+from nanoserve.bench.workload import Workload
 
 
 class VllmEngine:

@@ -18,8 +18,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .adapters import DEFAULT_VLLM_VENV
-from .local_server import LocalServer, free_port, wait_healthy
+from nanoserve.bench.adapters import DEFAULT_VLLM_VENV
+from nanoserve.bench.local_server import LocalServer, free_port, wait_healthy
 
 
 def vllm_python(venv: str | os.PathLike | None = None) -> Path | None:

@@ -8,7 +8,7 @@ benchmarks all build from. Nothing else lists an option, its default or its limi
 
 from __future__ import annotations
 
-from .engine import (
+from nanoserve.config.engine import (
     ALLOCATION_POLICIES,
     ATTENTION_CHOICES,
     ATTENTION_PATHS,
@@ -20,7 +20,7 @@ from .engine import (
     ConfigError,
     EngineConfig,
 )
-from .model import ModelConfig, _as_id_tuple
+from nanoserve.config.model import ModelConfig, _as_id_tuple
 
 __all__ = ["ALLOCATION_POLICIES", "ATTENTION_CHOICES", "ATTENTION_PATHS", "BATCHING_POLICIES",
            "DEFAULT_MODEL", "KERNEL_CHOICES", "PREFILL_POLICIES", "PREPACK_CHOICES", "ConfigError",

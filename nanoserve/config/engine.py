@@ -203,7 +203,7 @@ class EngineConfig:
             if choices is not None and f.name != "dtype" and getattr(self, f.name) not in choices:
                 raise ConfigError(f.name, f"{f.name}={getattr(self, f.name)!r}; choose one of "
                                           f"{choices}")
-        from ..threads import check_spec
+        from nanoserve.cpu.threads import check_spec
 
         try:
             check_spec(self.threads_bind)

@@ -23,8 +23,8 @@ import threading
 import time
 from collections import OrderedDict
 
-from ..validation import InvalidRequest
-from .params import StructuredOutputsParams
+from nanoserve.structured.params import StructuredOutputsParams
+from nanoserve.validation import InvalidRequest
 
 CACHE_SIZE = 256  # distinct specs whose compiled template is kept
 

@@ -37,7 +37,7 @@ def allowed(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def fused() -> bool:
     """Whether the C++ op is there (loaded by the engine; never built from here)."""
-    from .. import csrc
+    from nanoserve.cpu import csrc
 
     return csrc.loaded()
 

@@ -23,7 +23,7 @@ import json as _json
 import re
 from dataclasses import dataclass
 
-from ..validation import InvalidRequest
+from nanoserve.validation import InvalidRequest
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 

@@ -29,12 +29,12 @@ import weakref
 
 import torch.multiprocessing as mp
 
-from ..engine import Engine, EngineBroken
-from . import protocol
-from .comm import Comm
-from .mirror import MirroredCache
-from .rank import RankSpec, build_engine, build_model, checkpoint, share_spec
-from .worker import spawn_entry
+from nanoserve.engine.engine import Engine, EngineBroken
+from nanoserve.tp import protocol
+from nanoserve.tp.comm import Comm
+from nanoserve.tp.mirror import MirroredCache
+from nanoserve.tp.rank import RankSpec, build_engine, build_model, checkpoint, share_spec
+from nanoserve.tp.worker import spawn_entry
 
 JOIN_S = 10.0  # how long shutdown waits for a worker to exit after STOP before killing it
 STARTUP_S = 300.0  # the least start-up may take: spawn, import torch, load a shard, build

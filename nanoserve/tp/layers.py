@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import Llama
-from .comm import Comm
+from nanoserve.model.llama import Llama
+from nanoserve.tp.comm import Comm
 
 
 class RowParallel(nn.Module):

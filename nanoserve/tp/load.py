@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..weights import _tensor_files, hf_to_nanoserve
-from .comm import Comm
-from .layers import TPLlama
-from .shard import ShardPlan
+from nanoserve.model.weights import _tensor_files, hf_to_nanoserve
+from nanoserve.tp.comm import Comm
+from nanoserve.tp.layers import TPLlama
+from nanoserve.tp.shard import ShardPlan
 
 WRAPPED = ("self_attn.o_proj.", "mlp.down_proj.")  # RowParallel keeps its linear as .linear
 
@@ -44,7 +44,7 @@ def read_slices(model_dir: str | Path, plan: ShardPlan) -> tuple[dict[str, torch
 def load_shard(model_dir: str | Path, plan: ShardPlan, comm: Comm, dtype: torch.dtype,
                device: torch.device | str = "cpu") -> TPLlama:
     """Build rank ``plan.rank``'s ``TPLlama`` without a random init or a whole-tensor read."""
-    from ..model import rope_inv_freq
+    from nanoserve.layers.rotary import rope_inv_freq
 
     hf, nbytes = read_slices(model_dir, plan)
     state = hf_to_nanoserve(hf, plan.local)

@@ -21,7 +21,7 @@ from the same call on every rank. The invariant, written as data:
 
 from __future__ import annotations
 
-from ..paged import BatchedPagedKVCache, BlockTable
+from nanoserve.attention.paged import BatchedPagedKVCache, BlockTable
 
 EXTEND, RESET, ADOPT, MOVE = 1, 2, 3, 4
 OPS = {EXTEND: "extend", RESET: "reset_row", ADOPT: "adopt_prefix", MOVE: "move_row"}

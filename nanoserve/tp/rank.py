@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..config import ModelConfig
-from ..weights import DTYPES
-from .comm import Comm
-from .load import load_shard
-from .shard import ShardPlan
+from nanoserve.config import ModelConfig
+from nanoserve.model.weights import DTYPES
+from nanoserve.tp.comm import Comm
+from nanoserve.tp.load import load_shard
+from nanoserve.tp.shard import ShardPlan
 
 
 @dataclass
@@ -78,11 +78,11 @@ def build_model(spec: RankSpec, comm: Comm) -> torch.nn.Module:
     plan = ShardPlan(ModelConfig.from_dir(spec.model), spec.tp, comm.rank)
     model = load_shard(spec.model, plan, comm, DTYPES[spec.dtype], spec.device_of(comm.rank))
     if spec.prepack or spec.small_gemm:
-        from ..prepack import prepack_model
+        from nanoserve.cpu.prepack import prepack_model
 
         prepack_model(model, small_gemm=spec.small_gemm, onednn=spec.prepack)
     if spec.kernels:
-        from ..fused import fused_forward
+        from nanoserve.cpu.fused import fused_forward
 
         model.fused_forward = fused_forward
     model.shard_plan = plan

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..config import ModelConfig
+from nanoserve.config import ModelConfig
 
 # How each Hugging Face tensor of a layer is cut: "rows" (output features, column-parallel),
 # "cols" (input features, row-parallel) or "whole". Names are the part after "model.layers.N.".

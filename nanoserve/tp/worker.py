@@ -22,12 +22,12 @@ import sys
 
 import torch
 
-from ..engine import Engine
-from ..threads import bind, plan
-from . import protocol
-from .comm import Comm
-from .mirror import replay
-from .rank import RankSpec, build_engine, build_model, checkpoint, share_spec
+from nanoserve.cpu.threads import bind, plan
+from nanoserve.engine.engine import Engine
+from nanoserve.tp import protocol
+from nanoserve.tp.comm import Comm
+from nanoserve.tp.mirror import replay
+from nanoserve.tp.rank import RankSpec, build_engine, build_model, checkpoint, share_spec
 
 log = logging.getLogger("nanoserve")
 

@@ -34,13 +34,13 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ... import __version__
-from ...async_engine import Overloaded
-from ...sampling import SamplingParams
-from . import chat, completions, tokenization
-from .context import ServingContext, serving
-from .errors import ApiError, add_exception_handlers, error_response
-from .protocol import ModelCard, ModelList
+from nanoserve import __version__
+from nanoserve.async_engine import Overloaded
+from nanoserve.entrypoints.openai import chat, completions, tokenization
+from nanoserve.entrypoints.openai.context import ServingContext, serving
+from nanoserve.entrypoints.openai.errors import ApiError, add_exception_handlers, error_response
+from nanoserve.entrypoints.openai.protocol import ModelCard, ModelList
+from nanoserve.sampling.params import SamplingParams
 
 log = logging.getLogger("nanoserve.server")
 

@@ -20,11 +20,17 @@ import uuid
 from fastapi import APIRouter, Request
 from jinja2 import TemplateError
 
-from .context import ServingContext, serving
-from .errors import ApiError
-from .fanout import Choice, collect, open_fanout, usage
-from .parsing import budget, check_ids, compile_grammar, jobs_for, open_request
-from .protocol import (
+from nanoserve.entrypoints.openai.context import ServingContext, serving
+from nanoserve.entrypoints.openai.errors import ApiError
+from nanoserve.entrypoints.openai.fanout import Choice, collect, open_fanout, usage
+from nanoserve.entrypoints.openai.parsing import (
+    budget,
+    check_ids,
+    compile_grammar,
+    jobs_for,
+    open_request,
+)
+from nanoserve.entrypoints.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -34,7 +40,7 @@ from .protocol import (
     ChatMessage,
     DeltaMessage,
 )
-from .streaming import SSEResponse, sse, sse_events
+from nanoserve.entrypoints.openai.streaming import SSEResponse, sse, sse_events
 
 router = APIRouter()
 

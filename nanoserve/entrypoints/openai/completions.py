@@ -18,12 +18,23 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from .context import ServingContext, serving
-from .errors import ApiError
-from .fanout import Choice, collect, open_fanout, usage
-from .parsing import budget, check_ids, compile_grammar, encode_text, jobs_for, open_request
-from .protocol import CompletionChoice, CompletionRequest, CompletionResponse
-from .streaming import SSEResponse, sse, sse_events
+from nanoserve.entrypoints.openai.context import ServingContext, serving
+from nanoserve.entrypoints.openai.errors import ApiError
+from nanoserve.entrypoints.openai.fanout import Choice, collect, open_fanout, usage
+from nanoserve.entrypoints.openai.parsing import (
+    budget,
+    check_ids,
+    compile_grammar,
+    encode_text,
+    jobs_for,
+    open_request,
+)
+from nanoserve.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+)
+from nanoserve.entrypoints.openai.streaming import SSEResponse, sse, sse_events
 
 DEFAULT_COMPLETION_TOKENS = 16  # vLLM's default max_tokens for /v1/completions
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from .logprobs import Render
-from .metrics import ServerMetrics
+from nanoserve.entrypoints.openai.logprobs import Render
+from nanoserve.entrypoints.openai.metrics import ServerMetrics
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,9 +25,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from ...async_engine import EngineDead, Overloaded
-from ...validation import InvalidRequest
-from .protocol import ErrorInfo, ErrorResponse
+from nanoserve.async_engine import EngineDead, Overloaded
+from nanoserve.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from nanoserve.validation import InvalidRequest
 
 log = logging.getLogger("nanoserve.server")
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from ...sampling import SamplingParams
-from .errors import ClientGone, as_api_error, failure
-from .metrics import ServerMetrics
-from .protocol import UsageInfo
+from nanoserve.entrypoints.openai.errors import ClientGone, as_api_error, failure
+from nanoserve.entrypoints.openai.metrics import ServerMetrics
+from nanoserve.entrypoints.openai.protocol import UsageInfo
+from nanoserve.sampling.params import SamplingParams
 
 DISCONNECT_POLL_S = 0.05  # how often a pending response checks that its client is still there
 

@@ -10,7 +10,12 @@ tokenizer. A logprob of ``-inf`` is not JSON, so every value is clamped at -9999
 
 from __future__ import annotations
 
-from .protocol import ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob
+from nanoserve.entrypoints.openai.protocol import (
+    ChatLogprob,
+    ChatLogprobs,
+    CompletionLogprobs,
+    TopLogprob,
+)
 
 
 def _clamp(lp: float) -> float:

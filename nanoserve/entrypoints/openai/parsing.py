@@ -24,13 +24,13 @@ from fastapi import Request
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
-from ...async_engine import Overloaded
-from ...sampling import SamplingParams
-from ...structured.params import StructuredOutputsParams
-from ...validation import InvalidRequest, check_prompt_ids
-from .context import ServingContext
-from .errors import ApiError, ClientGone, as_api_error
-from .protocol import UNSUPPORTED, unsupported_field
+from nanoserve.async_engine import Overloaded
+from nanoserve.entrypoints.openai.context import ServingContext
+from nanoserve.entrypoints.openai.errors import ApiError, ClientGone, as_api_error
+from nanoserve.entrypoints.openai.protocol import UNSUPPORTED, unsupported_field
+from nanoserve.sampling.params import SamplingParams
+from nanoserve.structured.params import StructuredOutputsParams
+from nanoserve.validation import InvalidRequest, check_prompt_ids
 
 MAX_REQUESTS_PER_CALL = 256  # prompts x n in one HTTP request: beyond this, send several
 

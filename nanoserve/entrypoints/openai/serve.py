@@ -25,7 +25,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ...config import EngineConfig
+from nanoserve.config import EngineConfig
 
 log = logging.getLogger("nanoserve.serve")
 
@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_engine(config: EngineConfig, max_waiting: int | None = None):
     """The ``AsyncLLM`` the server runs: its own engine core, loaded from ``config``."""
-    from ...async_engine import AsyncLLM
+    from nanoserve.async_engine import AsyncLLM
 
     return AsyncLLM(config, max_waiting=max_waiting)
 
@@ -93,8 +93,8 @@ def make_server(app, engine, host: str, port: int, drain_timeout: float,
 
 
 def main(args: argparse.Namespace) -> int:
-    from ...tp.worker import run_external, worker_rank
-    from .app import build_app
+    from nanoserve.entrypoints.openai.app import build_app
+    from nanoserve.tp.worker import run_external, worker_rank
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:  %(message)s")
     for name, value, low in (("--max-body-bytes", args.max_body_bytes, 1),

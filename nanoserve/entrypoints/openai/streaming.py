@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from fastapi.responses import StreamingResponse
 
-from .errors import ApiError, error_body, failure
-from .fanout import Fanout
+from nanoserve.entrypoints.openai.errors import ApiError, error_body, failure
+from nanoserve.entrypoints.openai.fanout import Fanout
 
 
 class SSEResponse(StreamingResponse):

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from .chat import chat_ids
-from .context import ServingContext, serving
-from .errors import ApiError
-from .parsing import check_model, encode_text, parse, read_json
-from .protocol import (
+from nanoserve.entrypoints.openai.chat import chat_ids
+from nanoserve.entrypoints.openai.context import ServingContext, serving
+from nanoserve.entrypoints.openai.errors import ApiError
+from nanoserve.entrypoints.openai.parsing import check_model, encode_text, parse, read_json
+from nanoserve.entrypoints.openai.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,

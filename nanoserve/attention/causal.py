@@ -1,0 +1,45 @@
+"""Causal attention over fresh keys: nothing read from a cache.
+
+Why this module exists: two paths attend over keys that were computed in the same forward and
+never read back from a pool. The uncached forward (Day 4) attends each query to the tokens it was
+given (``causal_attention``); packed prefill (Day 51) attends each prompt of a packed stream to
+itself only (``packed_prefill_attention``). Every attention backend that takes fresh prompts
+whole goes through the second.
+
+Shapes: B batch, Hq query heads, Hkv KV heads, T queries, S keys, N packed tokens, D head_dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     q_offset: int = 0) -> torch.Tensor:
+    """q (B, Hq, T, D) at absolute positions q_offset..q_offset+T-1 over k/v (B, Hkv, S, D).
+
+    Query i sees keys 0..q_offset+i. Grouped-query heads share their KV head.
+    """
+    T, S = q.shape[2], k.shape[2]
+    if q_offset == 0 and T == S:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    mask = torch.arange(S, device=q.device)[None, :] <= (
+        q_offset + torch.arange(T, device=q.device)[:, None])  # (T, S)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def packed_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             seq_lens: list[int]) -> torch.Tensor:
+    """Causal attention for prompts packed into one stream, each seeing only itself.
+
+    q (1, Hq, N, D), k/v (1, Hkv, N, D), N = sum(seq_lens); every prompt starts at position 0,
+    so its keys are the fresh ones and no pool read is needed. A loop over the prompts: the work
+    is sum(n^2), where a block-diagonal mask over the stream would be N^2.
+    """
+    out, s = torch.empty_like(q), 0
+    for n in seq_lens:
+        out[:, :, s:s + n] = F.scaled_dot_product_attention(
+            q[:, :, s:s + n], k[:, :, s:s + n], v[:, :, s:s + n], is_causal=True, enable_gqa=True)
+        s += n
+    return out

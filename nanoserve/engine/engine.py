@@ -1,0 +1,256 @@
+"""The engine: a model over a paged KV cache, stepped in batches.
+
+Why this module exists: it is where the pieces meet. ``Engine`` owns the model, the block pool
+and the batched paged cache, and knows two moves:
+
+- ``prefill(rows, token_lists)``: one forward for a batch of prompts of different lengths. By
+  default the prompts are *packed* into one (1, N) token stream, N the sum of their lengths, each
+  token with its own position and cell and each prompt attending to itself only, so a batch
+  costs the sum of its lengths. ``prefill="padded"`` keeps Day 27's policy: right-padded to the
+  longest, B times the longest positions computed. ``positions_computed`` against
+  ``tokens_computed`` is the difference, counted.
+- ``decode(rows, tokens)``: one forward that appends one token to each of B rows, whose contexts
+  have different lengths (Day 28). The read is the cache's ``attention`` path: Day 50's gathered
+  mapping (each row its own cells; the default) or Day 28's rectangle (``"reference"``). With
+  ``compile=True`` the decode forward runs through ``torch.compile`` (Day 49, ``compiled.py``).
+
+Host work per step is per row, never per token: ids, positions and write cells are built from
+plain lists in one tensor each, and the gathered mapping is updated, not rebuilt.
+
+``step(SchedulerOutput)`` is one iteration of continuous batching (Day 31): a prefill for
+the requests the scheduler just admitted, one batched decode for the ones already running, and
+every sampled token fed back through ``Request.append_token``. A request's cache row is its
+scheduler slot and nothing else; the scheduler's ``on_release`` hook resets a row the moment its
+request lets go of it, before anyone else can land there, and its ``on_move`` hook (``move_row``,
+Day 58) relabels a row when the scheduler compacts the batch.
+
+``LLM`` (in ``llm.py``) drives these moves.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nanoserve.attention.paged import BatchedPagedKVCache
+from nanoserve.config import PREFILL_POLICIES
+from nanoserve.cuda.graphs import DecodeGraphs, ReplayCounters
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.prefix_cache import CachingBlockAllocator
+from nanoserve.engine.request import Request
+from nanoserve.sampling.sampler import sample_requests
+
+
+class InjectedFault(RuntimeError):
+    """Raised by ``Engine.step`` on a step named in ``fail_on_step`` (tests only)."""
+
+
+class EngineBroken(RuntimeError):
+    """The engine cannot run another step (a tensor-parallel worker died or hung): the
+    step's requests fail and the error travels on, instead of failing each later step."""
+
+
+class Engine:
+    cache_class = BatchedPagedKVCache  # tensor parallelism's rank 0 journals it (tp/mirror.py)
+
+    def __init__(self, model, num_kv_blocks: int, block_size: int, max_num_seqs: int,
+                 max_model_len: int, fail_on_step: frozenset[int] = frozenset(),
+                 prefill: str = "packed", attention: str = "gathered",
+                 compile: bool | str = False, cuda_graphs: bool = False,
+                 prefix_caching: bool = False):
+        if prefill not in PREFILL_POLICIES:
+            raise ValueError(f"prefill={prefill!r}; choose one of {PREFILL_POLICIES}")
+        self.model = model
+        self.device = model.embed_tokens.weight.device
+        self.prefill_policy = prefill  # "packed": one stream; "padded": Day 27's rectangle
+        pool = CachingBlockAllocator if prefix_caching else BlockAllocator  # Day 43
+        self.allocator = pool(num_kv_blocks, block_size)
+        self.cache = self.cache_class.for_model(model, num_kv_blocks, block_size,
+                                                   max_num_seqs, max_model_len, attention)
+        self.forward_passes = 0
+        self.row_steps = 0  # rows issued, summed over forwards
+        self.tokens_computed = 0  # real (unpadded) token positions run through the model
+        self.positions_computed = 0  # positions the model ran, padding included (B*T padded)
+        self.compiled = None
+        if compile:
+            from nanoserve.cuda.compiled import CompiledDecode
+            backend = "inductor" if compile is True else str(compile)
+            self.compiled = CompiledDecode(model, max_num_seqs, backend)  # Day 49: decode only
+        # Day 57: decode through recorded windows (CUDA graphs; eager replay without CUDA).
+        self.replay_counters = ReplayCounters()  # decode steps, replayed, scattered
+        self.graphs = None
+        if cuda_graphs:
+            self.graphs = DecodeGraphs(model, self.cache, max_num_seqs,
+                                       compile=compile if self.device.type == "cuda" else False)
+        self.steps = 0  # calls of step(): one per scheduler iteration that runs the model
+        # A test hook, off by default and unreachable from HTTP: step() raises InjectedFault
+        # on these step numbers (1-based), so the tests can watch a forward fail mid-service.
+        self.fail_on_step = frozenset(fail_on_step)
+
+    def _forward(self, rows: list[int], token_lists: list[list[int]],
+                 hold: frozenset[int] = frozenset()) -> torch.Tensor:
+        """Append token_lists[b] to row rows[b]; return each row's last-token logits (B, V).
+
+        Rows in ``hold`` are computed but do not grow: their token is written at their current
+        length, again and again. That is a static batch's finished row, still in the rectangle.
+        """
+        lens = [len(t) for t in token_lists]
+        B, T = len(rows), max(lens)
+        if T == 1:  # decode: one token per row, no padding, no per-row tensors
+            ids = torch.tensor(token_lists, dtype=torch.long)  # (B, 1)
+            pos = torch.tensor([[self.cache.lengths[r]] for r in rows], dtype=torch.long)
+        else:
+            ids = torch.zeros(B, T, dtype=torch.long)  # (B, T), right-padded
+            pos = torch.zeros(B, T, dtype=torch.long)  # (B, T); padding sits at position 0
+            for b, (row, toks) in enumerate(zip(rows, token_lists, strict=True)):
+                start = self.cache.lengths[row]
+                ids[b, :len(toks)] = torch.tensor(toks)
+                pos[b, :len(toks)] = torch.arange(start, start + len(toks))
+        self.cache.begin_step(rows, lens, hold)
+        try:
+            if T == 1 and self.compiled is not None:
+                logits = self.compiled(ids.to(self.device), pos.to(self.device), self.cache)
+            else:
+                h = self.model(ids.to(self.device), pos.to(self.device), self.cache)  # (B, T, E)
+                last = torch.tensor(lens, device=self.device) - 1
+                logits = self.model.compute_logits(h[torch.arange(B, device=self.device), last])
+        finally:
+            self.cache.end_step()
+        self.forward_passes += 1
+        self.row_steps += B
+        self.tokens_computed += sum(lens)
+        self.positions_computed += B * T
+        return logits  # (B, V)
+
+    def _forward_packed(self, rows: list[int], token_lists: list[list[int]]) -> torch.Tensor:
+        """Packed prefill: the prompts as one (1, N) stream, N = sum of lengths, each with its
+        own positions and cells, each attending to itself only; returns (B, V) logits."""
+        lens = [len(t) for t in token_lists]
+        ids = torch.cat([torch.tensor(toks, dtype=torch.long) for toks in token_lists])[None]
+        pos = torch.cat([torch.arange(self.cache.lengths[r], self.cache.lengths[r] + n)
+                         for r, n in zip(rows, lens, strict=True)])[None]  # (1, N)
+        self.cache.begin_step(rows, lens, packed=True)
+        try:
+            h = self.model(ids.to(self.device), pos.to(self.device), self.cache)  # (1, N, E)
+        finally:
+            self.cache.end_step()
+        last = torch.tensor(lens, device=self.device).cumsum(0) - 1  # (B,) each prompt's end
+        self.forward_passes += 1
+        self.row_steps += len(rows)
+        self.tokens_computed += sum(lens)
+        self.positions_computed += sum(lens)
+        return self.model.compute_logits(h[0, last])
+
+    def prefill(self, rows: list[int], token_lists: list[list[int]]) -> torch.Tensor:
+        """One forward for a batch of prompts: packed (default) or padded (Day 27)."""
+        if self.prefill_policy == "packed":
+            return self._forward_packed(rows, token_lists)
+        return self._forward(rows, token_lists)
+
+    def decode(self, rows: list[int], tokens: list[int],
+               hold: frozenset[int] = frozenset()) -> torch.Tensor:
+        g = self.graphs
+        replay = g is not None and not hold and g.can_replay(rows)
+        self.replay_counters.count(replay)
+        if not replay:  # scattered (or graphs off): the eager forward
+            return self._forward(rows, [[t] for t in tokens], hold)
+        logits = g.replay(rows, tokens)  # (B, V)
+        B = len(rows)
+        self.forward_passes += 1
+        self.row_steps += B
+        self.tokens_computed += B
+        self.positions_computed += g.bucket(B)  # the window's rows, padding included
+        return logits
+
+    def close(self) -> None:
+        """Release what the engine holds outside this process (nothing, on one rank)."""
+
+    # ------------------------------------------------------------ continuous batching
+
+    def sync_blocks(self, request: Request) -> None:
+        """Tell the request's row about blocks the scheduler gave it (BlockTable.extend)."""
+        table = self.cache.tables[request.slot]
+        if table.blocks != request.blocks[:len(table)]:
+            raise RuntimeError(f"row {request.slot} holds blocks {table.blocks}, not a prefix "
+                               f"of its request's {request.blocks}")
+        table.extend(request.blocks[len(table):])
+
+    def release_row(self, request: Request) -> None:
+        """The scheduler's on_release hook: forget the row; the scheduler frees the blocks."""
+        blocks = self.cache.reset_row(request.slot)
+        if blocks != request.blocks[:len(blocks)]:
+            raise RuntimeError(f"row {request.slot} held {blocks}, not its request's blocks")
+
+    def move_row(self, src: int, dst: int) -> int:
+        """The scheduler's on_move hook (Day 58, ``compact_rows``): hand row ``src``'s tenant
+        to the empty row ``dst``. A relabel of tables and addressing; no K/V is copied."""
+        return self.cache.move_row(src, dst)
+
+    def _run(self, requests: list[Request], token_lists: list[list[int]], prefill: bool,
+             sample: list[bool] | None = None) -> list[Request]:
+        """One forward over ``requests`` (each its row), then a token for each row whose
+        ``sample`` is true (all by default): a chunk short of its prompt's end emits none."""
+        for r in requests:
+            self.sync_blocks(r)
+        rows = [r.slot for r in requests]
+        if prefill:
+            logits = self.prefill(rows, token_lists)  # (B, V)
+        else:
+            logits = self.decode(rows, [t for (t,) in token_lists])  # (B, V)
+        if sample is not None and not all(sample):
+            keep = [b for b, s in enumerate(sample) if s]
+            if not keep:
+                return []
+            requests = [requests[b] for b in keep]
+            logits = logits[torch.tensor(keep, device=logits.device)]  # (B', V)
+        tokens = sample_requests(logits, requests)
+        return [r for r, t in zip(requests, tokens, strict=True) if r.append_token(t)]
+
+    @torch.inference_mode()
+    def step(self, out) -> list[Request]:
+        """One iteration: prefill the chunks, decode the running; returns who finished.
+
+        Always under inference mode, whoever steps: ``LLM`` and the async engine enter it, but a
+        caller of ``EngineCore.step`` need not, and with autograd on every op records a graph no
+        one will use (and oneDNN's packed linear chose its training primitive; see
+        ``PackedLinear.run``).
+
+        Chunked prefill (``out.mixed``, Day 41) puts both in one packed forward: each chunk's
+        tokens, then each decode's one token, every row at its own positions. A step with no
+        chunk is a plain decode step, so it still replays a recorded window; a mixed step runs
+        eagerly. Without it, prefill and decode are two forwards, as before the budget."""
+        self.steps += 1
+        if self.steps in self.fail_on_step:
+            raise InjectedFault(f"injected fault on engine step {self.steps}")
+        chunks = out.chunks
+        for c in chunks:  # a prefix hit: the row starts with cached blocks it did not compute
+            if self.cache.lengths[c.request.slot] != c.start:
+                self.sync_blocks(c.request)
+                self.cache.adopt_prefix(c.request.slot, c.start)
+        tokens = [c.request.token_ids[c.start:c.start + c.n] for c in chunks]
+        decode_tokens = [[r.output_token_ids[-1]] for r in out.decode]
+        if out.mixed and chunks and out.decode:
+            return self._run([c.request for c in chunks] + out.decode, tokens + decode_tokens,
+                             True, [c.completes for c in chunks] + [True] * len(out.decode))
+        finished = []
+        if chunks:
+            finished += self._run([c.request for c in chunks], tokens, True,
+                                  [c.completes for c in chunks])
+        if out.decode:
+            finished += self._run(out.decode, decode_tokens, False)
+        return finished
+
+    # ------------------------------------------------------------ static batches (Day 29)
+
+    def grant(self, row: int, num_tokens: int) -> None:
+        """Make row ``row`` able to hold ``num_tokens`` tokens, allocating blocks atomically."""
+        table = self.cache.tables[row]
+        need = self.allocator.blocks_for_length(num_tokens) - len(table)
+        if len(table) + need > table.capacity:
+            raise ValueError(f"row {row}: {num_tokens} tokens exceed max_model_len="
+                             f"{self.cache.max_model_len}")
+        if need > 0:
+            table.extend(self.allocator.allocate(need))
+
+    def release(self, row: int) -> None:
+        """Reset a row and return its blocks to the pool."""
+        self.allocator.free(self.cache.reset_row(row))

@@ -1,0 +1,398 @@
+"""Scheduler: who runs this iteration, on which row, with which blocks.
+
+Why this module exists: continuous batching means the batch changes shape every iteration. A
+request leaves the moment it finishes and a waiting one takes its row on the very next iteration.
+All of that happens in ``schedule()``, in one order that matters:
+
+1. **release** the finished: their blocks go back to the pool, their slot to the free list, and
+   ``on_release`` lets the engine reset the cache row;
+2. **grow** the running (Day 33): oldest first, each gets the block its next token needs; when
+   the pool is dry the youngest running request is *preempted* (blocks and slot back, generated
+   tokens kept, head of the waiting queue) and later resumes by recomputing its K/V;
+3. **compact** the running into rows 0..n-1 (Day 58, only with ``compact_rows=True``): each
+   request above a hole is moved into it through the engine's ``on_move`` (a relabel of the
+   cache row, no K/V copied), so a recorded decode window can replay every step;
+4. **admit** what fits, first come first served.
+
+Reversed, a slot freed this iteration would sit idle until the next one: correct output, one
+wasted row per completion, and no correctness test would notice.
+
+Under a token budget (``max_num_batched_tokens``, Day 41) the same order spends it: one token
+for every running decode, then the prompt tokens of running prefills and newcomers, the last cut
+to what is left (``chunked_prefill``) or left waiting whole. A request keeps ``num_computed_tokens``
+(advanced when its tokens are scheduled) and emits nothing until its last chunk; ``Chunk`` names
+the work, ``SchedulerOutput.sampled`` who gets a token. Without a budget nothing changes.
+Over a prefix-caching pool (``prefix_cache.py``, Day 43) a newcomer starts from the longest run
+of its prompt's full blocks found cached, and the blocks each step fills are registered as it is
+scheduled.
+
+Admission needs two resources, checked separately because they run out for different reasons: a
+*slot* (a row of the batched cache, handed out lowest index first) and *KV blocks*. How many
+blocks is ``blocks_needed_for``, the only allocation rule, under one of two policies:
+``"incremental"`` (Day 33, the engine's default) buys what the tokens occupy, a block at a time;
+``"reserve"`` (Week 8) books ``worst_case_tokens`` in one all-or-nothing allocation, prompt plus
+the whole remaining budget, which guarantees an admitted request never runs short and never needs
+preempting, at the price of memory nobody writes. Out of slots: the batch is at capacity while
+memory remains. Out of blocks: memory is exhausted while rows remain.
+``blocked_on_slots`` and ``blocked_on_blocks`` count each. The queue is FIFO and never skips a
+blocked head: looking past it for a smaller request raises utilisation today and starves large
+prompts forever.
+
+Compaction sits after growth because a preemption opens holes halfway through a batch, before
+admission because filling a hole with a newcomer would still leave the survivor above it out of
+place, and inside ``schedule()`` because the rows it writes are storage that a captured graph
+reads on every replay: between steps nothing is reading them. Off by default, and then nothing
+ever moves: a request keeps the row it was admitted to.
+
+``add`` runs the door check (``validation.door_check``): a request whose worst case exceeds the
+whole empty pool could never be admitted, and waiting for it would hang.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+
+from nanoserve.config import ALLOCATION_POLICIES
+from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.compact import RowCompactor, RowMove
+from nanoserve.engine.prefix_cache import commit_blocks, match_prefix
+from nanoserve.engine.request import Request, RequestState
+from nanoserve.engine.scheduler_output import Chunk, SchedulerOutput
+from nanoserve.validation import InvalidRequest, door_check
+
+
+class Scheduler:
+    def __init__(self, allocator: BlockAllocator, max_num_seqs: int,
+                 allocation: str = "reserve",
+                 on_release: Callable[[Request], None] | None = None,
+                 compact_rows: bool = False,
+                 on_move: Callable[[int, int], object] | None = None,
+                 max_num_batched_tokens: int | None = None, chunked_prefill: bool = True):
+        if allocation not in ALLOCATION_POLICIES:
+            raise ValueError(f"allocation={allocation!r}; choose one of {ALLOCATION_POLICIES}")
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if max_num_batched_tokens is not None and max_num_batched_tokens < max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is below "
+                             f"max_num_seqs={max_num_seqs}: a full batch could not decode")
+        self.allocator = allocator
+        self.max_num_seqs = max_num_seqs
+        # Day 41: None schedules as before the budget (whole prompts, admitted by slots and
+        # blocks alone); a number caps the tokens each step computes, decodes first.
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill and max_num_batched_tokens is not None
+        self.allocation = allocation
+        self.on_release = on_release
+        # Day 58: "free" leaves every request in its row; "persistent" keeps rows 0..n-1 full.
+        # The engine puts its cache-row relabel in compactor.on_move, next to on_release.
+        self.compact_rows = compact_rows
+        self.compactor = RowCompactor("persistent" if compact_rows else "free", on_move)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._free_slots = list(range(max_num_seqs))  # a heap: the lowest free row first
+        self._aborted: list[Request] = []  # released by abort(), reported by the next schedule
+        # counters: what happened, for tests, benchmarks and the book
+        self.schedule_calls = 0
+        self.admitted_total = 0
+        self.finished_total = 0
+        self.blocked_on_slots = 0  # admission stopped: batch full, pool fine
+        self.blocked_on_blocks = 0  # admission stopped: pool dry
+        self.blocked_on_budget = 0  # admission stopped: this step's tokens are spent (Day 41)
+        self.preemptions = 0
+        self.recomputed_tokens = 0  # tokens re-prefilled when preempted requests resume
+        self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache (Day 44)
+        self.prefix_cache_hits = 0  # ... of which were found cached
+        self._arrivals = 0
+
+    # ------------------------------------------------------------------ requests in
+
+    def add(self, request: Request) -> None:
+        if request.state is not RequestState.WAITING:
+            raise ValueError(f"request {request.request_id!r} is {request.state.value}, "
+                             f"not waiting")
+        door_check(self.allocator, request, f"request {request.request_id!r}")
+        budget = self.max_num_batched_tokens
+        if budget is not None and not self.chunked_prefill and request.worst_case_tokens > budget:
+            raise InvalidRequest(f"request {request.request_id!r}: prompt + max_tokens = "
+                                 f"{request.worst_case_tokens} tokens, past the step budget of "
+                                 f"{budget} with chunked prefill off, so it could never be "
+                                 f"scheduled whole", "max_tokens", request.worst_case_tokens)
+        request.arrival = self._arrivals  # seniority: who is older, for victim choice
+        self._arrivals += 1
+        self.waiting.append(request)
+
+    def abort(self, request: Request, reason: str = "abort") -> None:
+        """Finish a waiting or running request now and return its resources; the next
+        ``schedule()`` reports it among the finished. ``reason`` is its finish_reason ("abort",
+        or "error" when the engine failed its step)."""
+        if request.state is RequestState.WAITING:
+            self.waiting.remove(request)
+            request.finish(reason)
+        elif request.state is RequestState.RUNNING:
+            if reason == "error" and self.allocator.caching:  # its step never wrote its K/V
+                self.allocator.forget(request.blocks)
+            request.finish(reason)
+            self.running.remove(request)
+            self._release(request)
+        else:
+            raise ValueError(f"request {request.request_id!r} is already finished")
+        self._aborted.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_unreported_aborts(self) -> int:
+        """Requests aborted since the last ``schedule()``, which will report them."""
+        return len(self._aborted)
+
+    # ------------------------------------------------------------------ one iteration
+
+    def schedule(self) -> SchedulerOutput:
+        """Release the finished, then grow the running, then compact them, then admit what
+        fits. The order is the point: growth before admission means a newcomer never takes the
+        block a running request needs for its next token, and compaction between the two sweeps
+        the holes growth's preemptions opened without ever moving a newcomer. Under a token
+        budget the same order spends it: running decodes, then running prefills, then
+        newcomers (``_schedule_budgeted``)."""
+        self.schedule_calls += 1
+        out = SchedulerOutput(finished=self._release_finished())
+        if self.max_num_batched_tokens is not None:
+            return self._schedule_budgeted(out)
+        out.preempted = self._grow_running()
+        out.moves = self._compact()
+        out.decode = list(self.running)
+        self._commit(out)
+        out.chunks = self._admit()
+        out.admitted = [c.request for c in out.chunks]
+        return self._commit_decodes(out)
+
+    def _schedule_budgeted(self, out: SchedulerOutput) -> SchedulerOutput:
+        """Spend ``max_num_batched_tokens`` (Day 41): every running decode one token first,
+        then running prefills first come first served, then newcomers; with chunked prefill the
+        last prompt that does not fit is cut to what is left, without it it waits whole."""
+        left = self.max_num_batched_tokens
+        plan: dict[Request, int] = {}
+        by_age = sorted(self.running, key=lambda r: r.arrival)
+        for r in by_age:  # decodes: budget >= max_num_seqs, so every one of them fits
+            if r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1:
+                plan[r] = 1
+                left -= 1
+        for r in by_age:  # prefills in progress, oldest first
+            n = min(r.num_tokens - r.num_computed_tokens, left)
+            if r not in plan and n > 0:
+                plan[r] = n
+                left -= n
+        out.preempted = self._grow_running(plan)
+        out.moves = self._compact()
+        for r in self.running:
+            n = plan.get(r)
+            if n is None:
+                continue  # planned nothing: the budget ran out before it
+            if n == 1 and r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1:
+                out.decode.append(r)
+            else:
+                out.chunks.append(Chunk(r, r.num_computed_tokens, n))
+        out.mixed = self.chunked_prefill
+        self._commit(out)
+        admitted = self._admit(self.max_num_batched_tokens - out.num_batched_tokens)
+        out.admitted = [c.request for c in admitted]
+        out.chunks += admitted
+        return self._commit_decodes(out)
+
+    def _commit(self, out: SchedulerOutput) -> None:
+        """The running's scheduled tokens count as computed; with prefix caching the blocks
+        they fill enter the map now, before admission, so a newcomer can share them. A decode's
+        block waits for ``_commit_decodes`` unless the step is one forward (``mixed``): with
+        two, the prefill runs first and would read the decode's last cell before it is written."""
+        for c in out.chunks:
+            c.request.num_computed_tokens = c.start + c.n
+        for r in out.decode:
+            r.num_computed_tokens = r.num_tokens  # its last token's K/V lands this step
+        if self.allocator.caching:
+            for r in out.scheduled if out.mixed else [c.request for c in out.chunks]:
+                commit_blocks(self.allocator, r)
+
+    def _commit_decodes(self, out: SchedulerOutput) -> SchedulerOutput:
+        """Two forwards (no chunking): register the decodes' blocks after admission."""
+        if self.allocator.caching and not out.mixed:
+            for r in out.decode:
+                commit_blocks(self.allocator, r)
+        return out
+
+    def blocks_needed_for(self, request: Request, upto: int | None = None) -> int:
+        """The only allocation rule: blocks to add before this request's next forward.
+
+        ``reserve`` (Week 8): the worst case, all at admission; 0 afterwards.
+        ``incremental`` (Day 33): what its tokens occupy. A fresh request needs its prompt's
+        blocks; a running one 0, or 1 on the step that crosses a block boundary; a preempted
+        one coming back needs its prompt plus everything it generated. ``upto``: the tokens
+        cached once this step is done, when a budget cuts a prefill short (Day 41).
+        """
+        target = (request.worst_case_tokens if self.allocation == "reserve"
+                  else request.num_tokens if upto is None else upto)
+        return max(0, self.allocator.blocks_for_length(target) - len(request.blocks))
+
+    def _grow_running(self, plan: dict[Request, int] | None = None) -> list[Request]:
+        """Oldest first, give each running request the blocks its next token needs (or, under
+        a budget, its planned tokens), taking them from the youngest running request when the
+        pool is dry. The oldest is never a victim, so it always finishes and the pool always
+        drains. A victim leaves the plan."""
+        preempted: list[Request] = []
+        for r in sorted(self.running, key=lambda r: r.arrival):
+            if r.state is not RequestState.RUNNING:
+                continue  # preempted earlier in this pass
+            if plan is None:
+                need = self.blocks_needed_for(r)
+            elif r in plan:
+                need = self.blocks_needed_for(r, r.num_computed_tokens + plan[r])
+            else:
+                continue  # no tokens this step: nothing to grow
+            while need > self.allocator.num_free:
+                victim = max(self.running, key=lambda v: v.arrival)  # the youngest
+                self._preempt(victim)
+                preempted.append(victim)
+                if plan is not None:
+                    plan.pop(victim, None)
+                if victim is r:  # nobody younger to evict: its own victim
+                    break
+            if r.state is RequestState.RUNNING and need:
+                r.blocks += self.allocator.allocate(need)
+        return preempted
+
+    def _compact(self) -> list[RowMove]:
+        """Move the running requests into rows 0..n-1 (a no-op in "free" mode). The engine's
+        ``on_move`` relabels the cache row first and may refuse; only then does the request
+        take its new slot, and the row it left goes back on the free heap."""
+        if not self.running:
+            return []
+        by_row = {r.slot: r for r in self.running}
+
+        def relabel(move: RowMove) -> None:
+            if move.dst not in self._free_slots:
+                raise ValueError(f"move {move}: row {move.dst} is not free")
+            r = by_row.pop(move.src)
+            self._free_slots.remove(move.dst)
+            heapq.heapify(self._free_slots)
+            heapq.heappush(self._free_slots, move.src)
+            r.slot = move.dst
+            by_row[move.dst] = r
+
+        return self.compactor.compact([r.slot for r in self.running], relabel,
+                                      self.max_num_seqs)
+
+    def _preempt(self, victim: Request) -> None:
+        """Preemption by recompute: blocks and slot back, tokens kept, head of the queue."""
+        self.running.remove(victim)
+        self._return_resources(victim)
+        victim.transition(RequestState.WAITING)
+        victim.num_computed_tokens = victim.num_cached_blocks = 0  # its K/V left with its blocks
+        victim.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        self.preemptions += 1
+
+    def _return_resources(self, request: Request) -> None:
+        if self.on_release is not None:  # the engine resets the row while the slot moves
+            self.on_release(request)
+        self.allocator.free(request.blocks)
+        request.blocks = []
+        heapq.heappush(self._free_slots, request.slot)
+        request.slot = None
+
+    def _release(self, request: Request) -> None:
+        self._return_resources(request)
+        self.finished_total += 1
+
+    def release_finished(self) -> list[Request]:
+        """What ``schedule()`` does first: finished and aborted requests give back their
+        blocks and slots. An engine that stops, and so runs no next step, calls it last."""
+        return self._release_finished()
+
+    def _release_finished(self) -> list[Request]:
+        done, self._aborted = self._aborted, []
+        for r in [r for r in self.running if r.is_finished]:
+            self.running.remove(r)
+            self._release(r)
+            done.append(r)
+        return done
+
+    def _admit(self, left: int | None = None) -> list[Chunk]:
+        """First come first served, never past a blocked head; each admitted with the prompt
+        tokens it computes this step, counted as computed (and, with prefix caching, its
+        blocks registered) at once, so the next newcomer of this step can hit them. ``left``:
+        what remains of the token budget (``None``: no budget, whole prompts)."""
+        admitted = []
+        while self.waiting:
+            head = self.waiting[0]
+            if not self._free_slots:
+                self.blocked_on_slots += 1
+                break
+            hit = match_prefix(self.allocator, head) if self.allocator.caching else []
+            start = len(hit) * self.allocator.block_size  # a prefix hit is computed already
+            n = head.num_tokens - start
+            if left is not None:
+                if self.chunked_prefill:
+                    n = min(n, left)
+                if n < 1 or n > left:
+                    self.blocked_on_budget += 1
+                    break
+            need = self.blocks_needed_for(head, start + n) - len(hit)
+            if not self.allocator.can_allocate(need + (self.allocator.free_cost(hit)
+                                                       if hit else 0)):
+                self.blocked_on_blocks += 1
+                break  # FIFO: never look past a blocked head
+            self.waiting.popleft()
+            if head.num_preemptions:  # resuming: its history is prefilled again, bar hits
+                self.recomputed_tokens += head.num_tokens - start
+            if self.allocator.caching:
+                self.allocator.take(hit)
+                if not head.num_preemptions:  # vLLM's counters: new requests' lookups only
+                    self.prefix_cache_queries += head.num_tokens
+                    self.prefix_cache_hits += start
+            head.blocks = hit + self.allocator.allocate(need)
+            head.num_computed_tokens, head.num_cached_blocks = start + n, len(hit)
+            if self.allocator.caching:
+                commit_blocks(self.allocator, head)
+            head.slot = heapq.heappop(self._free_slots)
+            head.transition(RequestState.RUNNING)
+            self.running.append(head)
+            admitted.append(Chunk(head, start, n))
+            if left is not None:
+                left -= n
+        self.admitted_total += len(admitted)
+        return admitted
+
+    # ------------------------------------------------------------------ what it costs
+
+    def fragmentation_waste(self) -> float:
+        """Share of the slots in running requests' occupied blocks that no token fills: the
+        tail of each sequence's last block, at most block_size - 1 tokens per sequence."""
+        bs = self.allocator.block_size
+        slots = sum(self.allocator.blocks_for_length(r.num_tokens) for r in self.running) * bs
+        if slots == 0:
+            return 0.0
+        return 1 - sum(r.num_tokens for r in self.running) / slots
+
+    def reservation_waste(self) -> float:
+        """Share of the blocks held by running requests that hold no token yet (0.0 by
+        construction under ``incremental``: held and needed come from the same number)."""
+        reserved = sum(len(r.blocks) for r in self.running)
+        if reserved == 0:
+            return 0.0
+        occupied = sum(min(len(r.blocks), self.allocator.blocks_for_length(r.num_tokens))
+                       for r in self.running)
+        return 1 - occupied / reserved
+
+    def check_invariants(self) -> None:
+        """Every block is either free or held by exactly one running request; slots likewise."""
+        self.allocator.check_invariants()
+        held = [b for r in self.running for b in r.blocks]
+        assert len(held) == len(set(held)) == self.allocator.num_held, "blocks out of balance"
+        slots = [r.slot for r in self.running]
+        assert len(set(slots)) == len(slots), "two running requests share a slot"
+        assert sorted(slots + self._free_slots) == list(range(self.max_num_seqs)), "slot lost"
+        # running holds RUNNING requests, and FINISHED ones until the next schedule releases them
+        assert all(r.state is not RequestState.WAITING for r in self.running)
+        assert all(r.state is RequestState.WAITING for r in self.waiting)

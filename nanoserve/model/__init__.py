@@ -1,0 +1,6 @@
+"""The model: a registry from a checkpoint's ``architectures`` to a family, one module per
+family, and the weights' loading from Hugging Face safetensors.
+
+May import: ``nanoserve.layers``, ``nanoserve.attention``, ``nanoserve.cpu``,
+``nanoserve.config``.
+"""

@@ -1,0 +1,133 @@
+"""Llama, written out: RMSNorm, RoPE (with ``llama3`` scaling), grouped-query attention, SwiGLU.
+
+Why this module exists: it is the one forward pass everything else serves. It is written to match
+Hugging Face's ``LlamaForCausalLM`` operation for operation (RMSNorm in fp32, RoPE as
+``rotate_half``, the same ``inv_freq`` arithmetic) so that tests can hold its logits against
+transformers' on the same checkpoint (bit-identical in fp32 on the CPUs tested).
+
+The model does not own a KV cache. Attention asks an *attention backend* for the context: with no
+backend it attends causally over the tokens it was given (the uncached path of Day 4); with a
+``KVCache`` (Day 7) it first writes the new keys and values, then attends over everything cached.
+Later days plug a paged cache into the same seam.
+
+Shapes: B batch, T new tokens, S attended tokens, Hq query heads, Hkv KV heads, D head_dim,
+E hidden size, V vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanoserve.attention.causal import causal_attention
+from nanoserve.config import ModelConfig
+from nanoserve.layers.norm import RMSNorm
+from nanoserve.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
+
+
+class AttentionBackend(Protocol):
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        """q (B, Hq, T, D), k/v (B, Hkv, T, D) for the new tokens -> (B, Hq, T, D)."""
+        ...
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size,
+                                  bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+
+    def forward(self, x, cos, sin, positions, backend: AttentionBackend | None):
+        B, T, _ = x.shape  # (B, T, E)
+        q, k, v = self.qkv_proj(x).split([self.hq * self.d, self.hkv * self.d,
+                                          self.hkv * self.d], dim=-1)
+        q = q.view(B, T, self.hq, self.d).transpose(1, 2)  # (B, Hq, T, D)
+        k = k.view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if backend is None:
+            out = causal_attention(q, k, v)
+        else:
+            out = backend.attend(self.layer, q, k, v, positions)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.hq * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.i = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.i, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(self.i, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).split(self.i, dim=-1)  # (B, T, I) each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, positions, backend):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    """``forward`` gives final hidden states; ``compute_logits`` applies the LM head.
+
+    Keeping the two apart lets generation project only the positions it samples from: a prompt
+    of T tokens needs one (E x V) matmul row, not T.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(
+            cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.packed_head = None  # the LM head's weight packed for oneDNN (nanoserve/cpu/prepack.py)
+        self.huge_pages = "weights not packed"  # where the small-M copies live (huge_pages.py)
+        # The loader sets this to fused.fused_forward where the C++ CPU ops are on; forward
+        # then hands itself over (this module never imports the fused one).
+        self.fused_forward = None
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                backend: AttentionBackend | None = None) -> torch.Tensor:
+        """input_ids, positions (B, T) -> hidden (B, T, E)."""
+        if self.fused_forward is not None:
+            return self.fused_forward(self, input_ids, positions, backend)
+        x = self.embed_tokens(input_ids)  # (B, T, E)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, positions, backend)
+        return self.norm(x)
+
+    @property
+    def kernels(self) -> bool:
+        """Whether forward runs through the C++ ops."""
+        return self.fused_forward is not None
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (..., E) -> logits (..., V), in float32 for the sampler."""
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
