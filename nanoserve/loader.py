@@ -22,8 +22,8 @@ import torch
 
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.cpu.csrc import resolve as resolve_kernels
+from nanoserve.cpu.onednn import resolve as resolve_prepack
 from nanoserve.cpu.prepack import prepack_model
-from nanoserve.cpu.prepack import resolve as resolve_prepack
 from nanoserve.cpu.threads import Binding, plan
 from nanoserve.cuda.triton_mode import use_interpreter
 from nanoserve.engine.engine import Engine

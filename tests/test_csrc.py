@@ -28,12 +28,12 @@ def ops():
     """One build for the whole suite (cached under build/csrc); a failed build fails here."""
     why = csrc.load()
     assert why is None, why
-    from nanoserve.cpu.csrc import ops as reference
+    import csrc_reference as reference
     return reference
 
 
 def R():
-    from nanoserve.cpu.csrc import ops as reference
+    import csrc_reference as reference
     return reference
 
 
@@ -256,11 +256,11 @@ def test_small_gemm_refuses_a_weight_of_another_shape():
 
 
 def test_the_small_gemm_choice_is_measured_once_and_cached(tmp_path, monkeypatch):
-    from nanoserve.cpu import prepack, small_gemm
+    from nanoserve.cpu import onednn, small_gemm
     if small_gemm.unavailable():
         pytest.skip(small_gemm.unavailable())
     # against the linear the engine would run: oneDNN's packed one where it takes bf16 here
-    against = "linear" if prepack.unavailable(torch.device("cpu"), torch.bfloat16) else "onednn"
+    against = "linear" if onednn.unavailable(torch.device("cpu"), torch.bfloat16) else "onednn"
     monkeypatch.setattr(small_gemm, "cache_path", lambda: tmp_path / "small_gemm.json")
     rows = small_gemm.choose(64, 128, torch.bfloat16, against)
     assert rows in (0, *small_gemm.ROWS, small_gemm.ALL_ROWS)

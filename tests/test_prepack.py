@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.cpu.prepack import PackedLinear, prepack_model, resolve, unavailable
+from nanoserve.cpu.onednn import resolve, unavailable
+from nanoserve.cpu.prepack import PackedLinear, prepack_model
 from nanoserve.model.weights import load_model
 from nanoserve.testing import relative_logit_error
 
@@ -106,7 +107,7 @@ def test_the_compiled_decode_keeps_packed_weights_and_the_tokens(hf_checkpoint):
 def test_float32_packs_only_at_the_measured_margin_and_the_verdict_is_kept(tmp_path,
                                                                            monkeypatch):
     import nanoserve.cpu.measured as measured
-    import nanoserve.cpu.prepack as prepack
+    import nanoserve.cpu.onednn as onednn
 
     if unavailable(CPU, torch.float32):
         pytest.skip(unavailable(CPU, torch.float32))
@@ -117,16 +118,16 @@ def test_float32_packs_only_at_the_measured_margin_and_the_verdict_is_kept(tmp_p
     def fake(gain):
         def measure(hidden, intermediate):
             timed.append((hidden, intermediate))
-            return {m: gain for m in prepack.FP32_ROWS}
+            return {m: gain for m in onednn.FP32_ROWS}
         return measure
 
-    monkeypatch.setattr(prepack, "measure_float32", fake(1.1))  # below the margin: plain
-    pack, why = prepack.resolve("auto", CPU, torch.float32, compile=False, shape=(64, 172))
+    monkeypatch.setattr(onednn, "measure_float32", fake(1.1))  # below the margin: plain
+    pack, why = onednn.resolve("auto", CPU, torch.float32, compile=False, shape=(64, 172))
     assert not pack and "1.10x" in why and "so plain F.linear" in why
-    monkeypatch.setattr(prepack, "measure_float32", fake(3.0))
-    assert prepack.resolve("auto", CPU, torch.float32, False, shape=(64, 172))[0] is False
+    monkeypatch.setattr(onednn, "measure_float32", fake(3.0))
+    assert onednn.resolve("auto", CPU, torch.float32, False, shape=(64, 172))[0] is False
     assert timed == [(64, 172)]  # the first verdict is kept for this machine and shape
-    pack, why = prepack.resolve("auto", CPU, torch.float32, compile=False, shape=(96, 256))
+    pack, why = onednn.resolve("auto", CPU, torch.float32, compile=False, shape=(96, 256))
     assert pack and "3.00x" in why and timed == [(64, 172), (96, 256)]
 
 

@@ -249,7 +249,7 @@ def test_dtype_auto_follows_the_measurement_not_the_flags(monkeypatch, tmp_path,
                                                           expected):
     """The same flags (AVX512-BF16, no AMX) on two machines that time differently: auto goes
     with the timing; a near-tie (under MARGIN) stays float32; an explicit dtype is as asked."""
-    from nanoserve.cpu import auto_dtype
+    from nanoserve.cpu import auto_dtype, measured
     from nanoserve.model import weights
     monkeypatch.setattr(weights, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
     monkeypatch.setattr(auto_dtype, "cache_path", lambda: tmp_path / "dtype_auto.json")
@@ -258,7 +258,7 @@ def test_dtype_auto_follows_the_measurement_not_the_flags(monkeypatch, tmp_path,
     dtype, why = weights.choose_dtype("auto", None, "cpu")
     assert dtype == expected and why.startswith("measured here")
     assert weights.choose_dtype("float32", None, "cpu") == (torch.float32, "as asked")
-    assert calls == [auto_dtype.DEFAULT_SHAPE]
+    assert calls == [measured.DEFAULT_SHAPE]
 
 
 def test_dtype_auto_is_measured_once_per_machine_and_shape(monkeypatch, tmp_path):

@@ -85,7 +85,7 @@ def bf16_packing_here() -> str | None:
     """Why this CPU cannot run oneDNN's packed bf16 linear (an AVX2-only x86 cannot), or None."""
     import torch
 
-    from nanoserve.cpu.prepack import unavailable
+    from nanoserve.cpu.onednn import unavailable
 
     return unavailable(torch.device("cpu"), torch.bfloat16)
 

@@ -68,7 +68,7 @@ def small_gemm_missing() -> str | None:
 def bf16_decode_missing() -> str | None:
     """Why the bf16 decode arms cannot run as the rows state them here (no C++ ops, or no
     oneDNN bf16 linear to pack the weights for), or None."""
-    from nanoserve.cpu.prepack import unavailable
+    from nanoserve.cpu.onednn import unavailable
 
     return ops_missing() or unavailable(torch.device("cpu"), torch.bfloat16)
 

@@ -26,6 +26,8 @@ import difflib
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
+from nanoserve.config.cpus import check_spec
+
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "checkpoints" / "nanoserve-tiny"
 
 # The choices, as data: the modules that implement them import these.
@@ -203,8 +205,6 @@ class EngineConfig:
             if choices is not None and f.name != "dtype" and getattr(self, f.name) not in choices:
                 raise ConfigError(f.name, f"{f.name}={getattr(self, f.name)!r}; choose one of "
                                           f"{choices}")
-        from nanoserve.cpu.threads import check_spec
-
         try:
             check_spec(self.threads_bind)
         except (ValueError, AttributeError, TypeError) as e:

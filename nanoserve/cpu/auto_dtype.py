@@ -36,7 +36,6 @@ ROWS = (8, 64)  # a small decode batch and a full one
 REPS = 5
 BUDGET_S = 1.0  # per batch size: fewer rounds on a big model, never fewer than two
 MARGIN = 1.1  # bf16 must be 10% faster: it costs accuracy, and a near-tie is noise
-DEFAULT_SHAPE = (576, 1536)  # SmolLM2-135M's MLP, where no model config is at hand
 
 
 def cache_path() -> Path:
@@ -46,7 +45,7 @@ def cache_path() -> Path:
 def _bf16_linear(w: torch.Tensor, onednn: bool = True):
     """The bf16 linear the engine would run: packed for oneDNN where it can be (and
     ``onednn``), else plain."""
-    from nanoserve.cpu.prepack import unavailable
+    from nanoserve.cpu.onednn import unavailable
 
     if onednn and unavailable(torch.device("cpu"), torch.bfloat16) is None:
         packed = torch.ops.mkldnn._reorder_linear_weight(w, ROWS[0])

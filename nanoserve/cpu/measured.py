@@ -25,6 +25,8 @@ import torch
 
 from nanoserve.cpu import csrc
 
+DEFAULT_SHAPE = (576, 1536)  # SmolLM2-135M's MLP (hidden, intermediate): no model at hand
+
 
 def cache_dir() -> Path:
     """Beside the C++ build: the repository's ``build/`` in a checkout."""

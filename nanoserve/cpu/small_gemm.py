@@ -104,7 +104,7 @@ def choose(N: int, K: int, dtype: torch.dtype = torch.bfloat16, against: str = "
     if against not in AGAINST:
         raise ValueError(f"against={against!r}; choose one of {AGAINST}")
     if against == "onednn":
-        from nanoserve.cpu.prepack import unavailable as onednn_unavailable
+        from nanoserve.cpu.onednn import unavailable as onednn_unavailable
 
         if why := onednn_unavailable(torch.device("cpu"), dtype):
             raise ValueError(f"against='onednn': {why}")

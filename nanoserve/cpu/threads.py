@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-BIND_WORDS = ("auto", "nobind")
+from nanoserve.config.cpus import check_spec, parse_cpus
+from nanoserve.cpu import csrc
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,28 +46,6 @@ class Binding:
         n = len(self.cpus)
         return f"{n} thread{'s' * (n > 1)} pinned to CPU{'s' * (n > 1)} " \
                f"{','.join(map(str, self.cpus))} ({self.reason})"
-
-
-def parse_cpus(spec: str) -> list[int]:
-    """``"0-3,8"`` -> [0, 1, 2, 3, 8]; a ValueError names what is wrong."""
-    out: list[int] = []
-    for part in spec.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"threads_bind={spec!r}: {part!r} is not a CPU or a range a-b")
-        first, last = int(lo), int(hi) if sep else int(lo)
-        if last < first:
-            raise ValueError(f"threads_bind={spec!r}: the range {part!r} runs backwards")
-        out.extend(range(first, last + 1))
-    if len(set(out)) != len(out):
-        raise ValueError(f"threads_bind={spec!r} names a CPU twice")
-    return out
-
-
-def check_spec(spec: str) -> None:
-    if spec not in BIND_WORDS:
-        parse_cpus(spec)
 
 
 def physical_cores(allowed: set[int], sysfs: Path = Path("/sys/devices/system/cpu")
@@ -105,8 +84,6 @@ def plan(spec: str, device: torch.device | str = "cpu", rank: int = 0,
     if spec == "nobind":
         threads = max(1, len(physical_cores(allowed)) // ranks) if ranks > 1 else 0
         return Binding((), f"threads_bind=nobind{of}", threads)
-    from nanoserve.cpu import csrc
-
     why_not = csrc.load()
     if spec == "auto":
         cores = physical_cores(allowed)

@@ -90,7 +90,8 @@ def choose_dtype(dtype: str | torch.dtype, cfg: ModelConfig | None = None,
         return dtype, "as asked"
     if dtype == "auto":
         if torch.device(device).type == "cpu":
-            from nanoserve.cpu.auto_dtype import DEFAULT_SHAPE, choose
+            from nanoserve.cpu.auto_dtype import choose
+            from nanoserve.cpu.measured import DEFAULT_SHAPE
 
             shape = (cfg.hidden_size, cfg.intermediate_size) if cfg is not None \
                 else DEFAULT_SHAPE

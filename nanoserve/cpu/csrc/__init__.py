@@ -125,11 +125,9 @@ def load() -> str | None:
     else:
         try:
             _build()
-            from nanoserve.cpu.csrc.ops import (
-                register_fakes,  # what torch.compile needs to trace them
-            )
+            from nanoserve.cpu.csrc.fakes import register_fakes
 
-            register_fakes()
+            register_fakes()  # what torch.compile needs to trace the ops
             _state["loaded"], _state["reason"] = True, None
             return None
         except Exception as exc:  # no compiler, no ninja, a failed build: say so and go on

@@ -1,11 +1,9 @@
-"""The C++ ops as Python sees them: fake implementations for torch.compile, and each op's
-PyTorch reference beside it.
+"""Each C++ CPU op's PyTorch reference: the behaviour the kernel must reproduce.
 
-Why this module exists: ``torch.compile`` traces a model with fake tensors; an op it cannot
-look inside needs a fake implementation that says what it does to shapes. Every op here only
-writes into arguments it was given, so each fake does nothing, and the compiler keeps the op
-opaque, in order. The references are the model's own PyTorch code, the behaviour each kernel
-must reproduce (``tests/test_csrc.py`` holds them against each other).
+Why this module exists: the references are the model's own PyTorch code, written op for op, and
+only the tests need them (``test_csrc.py`` holds every kernel to its reference over random shapes;
+``test_day54.py`` holds them to Day 54's frozen copies), so they live beside the tests and the
+engine never imports them.
 """
 
 from __future__ import annotations
@@ -14,28 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from nanoserve.layers.rotary import apply_rope
-
-
-def _no_shape_change(*args, **kwargs) -> None:
-    return None
-
-
-OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope_and_cache",
-       "paged_decode_attention", "apply_token_bitmask", "argmax_rows", "decode_layers")
-
-
-def _packed_shape(weight: torch.Tensor) -> torch.Tensor:
-    N, K = weight.shape  # as small_gemm.cpp packs: bf16 (N/32 blocks, K/2 pairs, 32, 2),
-    if weight.dtype == torch.float32:  # float32 (N/32 blocks, K, 32)
-        return weight.new_empty(-(-N // 32), K, 32)
-    return weight.new_empty(-(-N // 32), -(-K // 2), 32, 2)
-
-
-def register_fakes() -> None:
-    """Called by ``load()`` once the library has defined the ops."""
-    for name in (*OPS, "small_gemm"):
-        torch.library.register_fake(f"nanoserve::{name}")(_no_shape_change)
-    torch.library.register_fake("nanoserve::pack_small_gemm")(_packed_shape)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
