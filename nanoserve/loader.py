@@ -20,13 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
+from nanoserve.attention import selector as attention_selector
+from nanoserve.attention.backends.base import AttentionSpec
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.cpu.csrc import resolve as resolve_kernels
 from nanoserve.cpu.onednn import resolve as resolve_prepack
-from nanoserve.cpu.prepack import prepack_model
 from nanoserve.cpu.threads import Binding, plan
-from nanoserve.cuda.triton_mode import use_interpreter
 from nanoserve.engine.engine import Engine
+from nanoserve.model.prepare import prepare_model
 from nanoserve.model.weights import choose_dtype, load_model
 from nanoserve.tokenizer import Tokenizer
 
@@ -68,8 +69,7 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     """Every decision first (dtype, packing, the C++ ops, the attention path, the threads, the
     pool), then the weights and the engine: on one rank here, or, with
     ``tensor_parallel_size`` > 1, on every rank from the same decisions (``tp/``)."""
-    if cfg.attention == "triton":  # without CUDA, the interpreter; chosen before anything
-        use_interpreter()          # (the model build included) imports triton
+    attention_selector.prepare_process(cfg.attention)  # Triton's mode, before the model build
     mc = ModelConfig.from_dir(cfg.model)
     max_model_len = cfg.resolve_max_model_len(mc.max_position_embeddings)
     tp = cfg.tensor_parallel_size
@@ -94,7 +94,8 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
         prepack_why += "; small-M copies where they beat F.linear"
     log.info("prepack=%s: %s (%s)", cfg.prepack, "packed" if prepacked else "plain",
              prepack_why)
-    attention = cfg.attention if cfg.attention != "auto" else "cpu" if kernels else "gathered"
+    attention = attention_selector.choose(cfg.attention, kernels,
+                                          AttentionSpec.for_model(mc, dtype, device))
     log.info("kernels=%s: %s (%s); attention=%s", cfg.kernels, "on" if kernels else "off",
              kernels_why, attention)
     local_rank, local_ranks = _local_ranks(cfg)
@@ -121,12 +122,9 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
                  cfg.distributed_executor_backend, model.shard_plan.describe())
     else:
         model = load_model(cfg.model, dtype, cfg.device)
+        prepare_model(model, prepacked, small_gemm, kernels)
         if prepacked or small_gemm:
-            prepack_model(model, small_gemm=small_gemm, onednn=prepacked)
             log.info("small-M weights on huge pages: %s", model.huge_pages)
-        if kernels:  # Llama.forward goes through fused.py
-            from nanoserve.cpu.fused import fused_forward
-            model.fused_forward = fused_forward
         engine_kw["fail_on_step"] = frozenset(engine_kw["fail_on_step"])
         engine = Engine(model, **engine_kw)
     return LoadedEngine(cfg, mc, tokenizer, model, device, dtype, why, prepacked, prepack_why,

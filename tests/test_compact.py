@@ -266,7 +266,7 @@ def test_cache_move_row_is_a_relabel():
     src_table, dst_table = cache.tables[3], cache.tables[1]
     addressing = cache.slots.cells[3, :6].clone()
     forgotten = []
-    cache.invalidate_gathered = forgotten.append
+    cache.backend.forget_row = forgotten.append
     assert cache.move_row(3, 1) == 6
     assert cache.tables[1] is src_table and cache.tables[3] is dst_table  # swapped
     assert cache.tables[1].blocks == [5, 9] and cache.tables[3].blocks == []
@@ -298,7 +298,7 @@ def test_cache_move_row_refuses_a_destination_in_use_and_changes_nothing(occupy)
     else:
         cache.tables[0].extend([7])  # blocks granted, not yet written
     forgotten = []
-    cache.invalidate_gathered = forgotten.append
+    cache.backend.forget_row = forgotten.append
     before = ([t.blocks[:] for t in cache.tables], cache.lengths[:], cache.slots.cells.clone())
     with pytest.raises(ValueError, match="not empty"):
         cache.move_row(3, 0)

@@ -78,7 +78,7 @@ def test_a_fresh_prompt_that_does_not_start_a_block_is_refused():
 def test_the_engine_reads_fresh_prompts_through_the_kernel_and_no_token_moves(monkeypatch,
                                                                                options):
     from nanoserve import LLM, SamplingParams
-    from nanoserve.attention import paged
+    from nanoserve.attention.backends import cpu as backend
 
     prompts = [[0, *range(3 + i, 9 + 5 * i)] for i in range(6)]
     params = [SamplingParams(temperature=0, max_tokens=5 + i, ignore_eos=True) for i in range(6)]
@@ -87,8 +87,8 @@ def test_the_engine_reads_fresh_prompts_through_the_kernel_and_no_token_moves(mo
     want = [o.token_ids for o in LLM(kernels=False, attention="reference", **kw).generate(
         prompts, params)]
     calls = []
-    real = paged.attend_prompts
-    monkeypatch.setattr(paged, "attend_prompts",
+    real = backend.attend_prompts
+    monkeypatch.setattr(backend, "attend_prompts",
                         lambda *a: calls.append(a[0].shape[2]) or real(*a))
     llm = LLM(kernels=True, attention="cpu", **kw)
     got = [o.token_ids for o in llm.generate(prompts, params)]

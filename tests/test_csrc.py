@@ -28,13 +28,25 @@ def ops():
     """One build for the whole suite (cached under build/csrc); a failed build fails here."""
     why = csrc.load()
     assert why is None, why
-    import csrc_reference as reference
+    from nanoserve.cpu.csrc import reference
     return reference
 
 
 def R():
-    import csrc_reference as reference
+    from nanoserve.cpu.csrc import reference
     return reference
+
+
+def test_the_rope_reference_is_the_models_rope():
+    """The reference writes the rotation out (the CPU layer imports no model code); it must stay
+    the model's own ``apply_rope``, bit for bit."""
+    from nanoserve.layers.rotary import apply_rope
+
+    g = torch.Generator().manual_seed(0)
+    x, cos, sin = (torch.randn(5, 3, 8, generator=g) for _ in range(3))
+    cos, sin = cos[:, 0], sin[:, 0]  # (N, D)
+    want = apply_rope(x.transpose(0, 1), cos[None], sin[None]).transpose(0, 1)
+    assert torch.equal(R().rope_reference(x, cos, sin), want)
 
 
 @SETTINGS

@@ -7,7 +7,6 @@ with the loader's reason where the ops cannot be built.
 
 from __future__ import annotations
 
-import csrc_reference as live
 import pytest
 import torch
 
@@ -17,6 +16,7 @@ from chapters.day54_fused_cpu_ops.snapshot import reference_ops as snap
 from chapters.day54_fused_cpu_ops.snapshot import small_gemm as snap_gemm
 from chapters.day54_fused_cpu_ops.snapshot.fused import fused_forward as snap_forward
 from nanoserve.cpu import csrc
+from nanoserve.cpu.csrc import reference as live
 
 DTYPES = (torch.float32, torch.bfloat16)
 

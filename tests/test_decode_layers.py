@@ -76,19 +76,19 @@ def test_a_batch_past_the_small_kernels_rows_runs_the_python_loop(monkeypatch):
     monkeypatch.setattr(small_gemm, "choose", lambda N, K, dtype=torch.bfloat16, vs="onednn": 2)
     llm = LLM(str(SHIPPED), dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=4,
               max_model_len=96)
-    if fused._layer_weights(llm.model) is None:
+    if llm.model.decode_layer_weights is None:
         pytest.skip("the small-M kernel is not available here")
     want = _run(llm, False, monkeypatch)[0]
     got, _, steps, declined = _run(llm, True, monkeypatch)
     assert got == want
     assert steps > 0 and declined > 0  # 2 rows or fewer took the op; 3 and 4 rows did not
-    assert fused._layer_weights(llm.model)["rows"] == 2
+    assert llm.model.decode_layer_weights["rows"] == 2
 
 
 def test_a_model_without_small_m_copies_never_takes_the_op():
     llm = LLM(str(SHIPPED), dtype="float32", skip_tokenizer_init=True, max_num_seqs=2,
               max_model_len=64, prepack=False)
-    assert fused._layer_weights(llm.model) is None
+    assert llm.model.decode_layer_weights is None
 
 
 def test_mismatched_lists_are_refused():

@@ -77,7 +77,7 @@ def test_an_address_outside_every_mapping_has_no_huge_pages():
 def test_the_engine_streams_its_small_m_copies_from_one_mapping():
     from nanoserve import LLM
     from nanoserve.config import DEFAULT_MODEL
-    from nanoserve.cpu.prepack import small_copies
+    from nanoserve.layers.linear_methods import small_copies
 
     llm = LLM(DEFAULT_MODEL, dtype="bfloat16", max_num_seqs=2, max_model_len=64)
     smalls = [m.small for m in small_copies(llm.model)]

@@ -140,7 +140,7 @@ def test_workspace_bytes():
     assert workspace_bytes(64, 32, 8, 64, 256, 16) == 64 * 256 * 8
     assert workspace_bytes(1, 32, 8, 64, 256, 16) == 256 * 8 + 32 * 16 * 65 * 4
     assert workspace_bytes(1, 32, 8, 64, 256, 16, splits=1) == 256 * 8
-    from nanoserve.attention.workspace import workspace_bytes as path_bytes
+    from nanoserve.attention.selector import workspace_bytes as path_bytes
     lens = [1024] * 8  # Llama-3.2-1B's attention, bf16: the kernel splits 64 programs in 4
     assert path_bytes("triton", lens, 32, 8, 64, 2) == 8 * 64 * 8 + 8 * 32 * 4 * 65 * 4
     assert path_bytes("triton", lens, 32, 8, 64, 2) < path_bytes("reference", lens, 32, 8, 64, 2)
@@ -257,7 +257,7 @@ def _time(fn, reps=20):
 def test_time_kernel_against_gathered(rows, ctx_len):
     """Llama-3.2-1B's attention shape (32 query heads, 8 KV heads, D 64), bf16, 16-token blocks.
     Printed, not asserted: a ratio measured on the card in the same run."""
-    from nanoserve.attention.gathered import paged_attention_gathered
+    from nanoserve.attention.backends.gathered import paged_attention_gathered
 
     lens = [ctx_len - 37 * r % (ctx_len // 2) for r in range(rows)]
     q, k, v, tables, cells, pos, ctx = _case(lens, 16, 8, 4, 64, torch.bfloat16, extra_width=0)

@@ -1,4 +1,4 @@
-"""Pre-packed oneDNN weights (nanoserve/cpu/prepack.py) against plain ``F.linear``.
+"""Pre-packed oneDNN weights (``nanoserve.layers.linear_methods``) against plain ``F.linear``.
 
 bf16 on a CPU packs by default, so it must be bit-identical there; float32 packs only when asked
 and is held to greedy-token identity and a tight logit bound. The choice is a refusal, never a
@@ -12,7 +12,10 @@ import torch
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.cpu.onednn import resolve, unavailable
-from nanoserve.cpu.prepack import PackedLinear, prepack_model
+from nanoserve.layers.linear import PLAIN, OpaqueLinearMethod
+from nanoserve.layers.linear_methods import linears, prepack_model
+from nanoserve.layers.linear_onednn import OneDNNLinear, packed_layer
+from nanoserve.layers.linear_small_m import SmallMLinear
 from nanoserve.model.weights import load_model
 from nanoserve.testing import relative_logit_error
 
@@ -35,7 +38,7 @@ def test_bf16_packed_logits_are_bit_identical(hf_checkpoint, name):
     packed = load_model(hf_checkpoint(name), "bfloat16")
     n = prepack_model(packed)
     assert n == 4 * plain.cfg.num_hidden_layers + 1  # qkv, o, gate_up, down per layer; the head
-    assert isinstance(packed.layers[0].mlp.down_proj, PackedLinear)
+    assert isinstance(packed.layers[0].mlp.down_proj.method, OneDNNLinear)
     ids = list(range(3, 40))
     assert torch.equal(_logits(plain, ids), _logits(packed, ids))
 
@@ -97,8 +100,8 @@ def test_the_compiled_decode_keeps_packed_weights_and_the_tokens(hf_checkpoint):
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     eager = LLM(hf_checkpoint("gqa"), **kw)
     compiled = LLM(hf_checkpoint("gqa"), compile="aot_eager", **kw)
-    assert compiled.prepacked and isinstance(compiled.model.layers[0].mlp.down_proj,
-                                             PackedLinear)
+    assert compiled.prepacked and isinstance(compiled.model.layers[0].mlp.down_proj.method,
+                                             OpaqueLinearMethod)
     want = [o.token_ids for o in eager.generate(prompts, sp)]
     assert [o.token_ids for o in compiled.generate(prompts, sp)] == want
     assert compiled.engine.compiled.compiles >= 1
@@ -149,11 +152,12 @@ def test_small_copies_stand_alone_where_onednn_does_not_pack(hf_checkpoint, monk
         small_gemm.ALL_ROWS if (n, k) in shapes else 0))
     n = prepack_model(model, small_gemm=True, onednn=False)
     assert set(against) == {"linear"}  # timed against the linear it replaces
-    swapped = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    swapped = [m for m in linears(model) if m.method is not PLAIN]
     assert n == len(swapped) >= 2 * plain.cfg.num_hidden_layers  # the head too if it shares
     assert all((m.out_features, m.in_features) in shapes for m in swapped)  # a shape with one
-    assert mlp.down_proj.packed is None and mlp.down_proj.small is not None
-    assert type(model.layers[0].self_attn.o_proj) is torch.nn.Linear
+    down = mlp.down_proj.method
+    assert isinstance(down, SmallMLinear) and down.fallback is None  # F.linear beyond
+    assert model.layers[0].self_attn.o_proj.method is PLAIN
     ids = list(range(3, 40))
     assert relative_logit_error(_logits(model, ids), _logits(plain, ids)) < 1e-5
 
@@ -165,7 +169,7 @@ def test_a_packed_linear_ignores_autograd_on_its_input():
     reference loop on an AVX2 CPU, hundreds of times slower; detached, the result is the
     inference one and carries no grad."""
     w = torch.randn(1376, 256)
-    packed = PackedLinear(w, None)
+    packed = packed_layer(w)
     x = torch.randn(7, 256, requires_grad=True)
     assert torch.is_grad_enabled()
     out = packed(x)

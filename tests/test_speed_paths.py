@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.attention.gathered import paged_attention_gathered
+from nanoserve.attention.backends.gathered import paged_attention_gathered
 from nanoserve.attention.paged import BatchedPagedKVCache
-from nanoserve.attention.workspace import workspace_bytes
+from nanoserve.attention.selector import workspace_bytes
 from nanoserve.engine.engine import Engine
 from nanoserve.model.weights import load_model
 from nanoserve.testing import relative_logit_error
@@ -131,7 +131,7 @@ def test_gathered_equals_reference_through_a_ragged_life(block_size):
             assert (got - ref).abs().max() < 1e-5
 
     decode(rows, 40)  # ragged contexts, 1 to 110 tokens, crossing chunk boundaries
-    index = caches[1].gathered
+    index = caches[1].backend.index
     assert index.rebuilt_rows == 4 and index.appended_cells == 4 * 39
     for c in caches:  # a reset: row 2 goes, row 3 joins with a prompt, row 2 comes back short
         c.tables[2].extend(list(reversed(c.reset_row(2))))

@@ -43,7 +43,7 @@ def workspace(name: str) -> str:
 
 
 def workspace_agrees() -> str:
-    from nanoserve.attention.workspace import workspace_bytes
+    from nanoserve.attention.selector import workspace_bytes
 
     pairs = [(p, lens) for lens in BATCHES.values() for p in snap.PATHS]
     agree = sum(workspace_bytes(p, lens, *HEADS, 2) == snap.workspace_bytes(p, lens, *HEADS, 2)
@@ -233,7 +233,7 @@ def upkeep() -> str:
 
 
 def package_agrees() -> str:
-    from nanoserve.attention.gathered import GatheredIndex as Live
+    from nanoserve.attention.backends.gathered import GatheredIndex as Live
 
     mine, live = life()["layouts"], _life(Live)["layouts"]
     same = sum(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

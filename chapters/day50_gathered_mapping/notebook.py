@@ -31,10 +31,10 @@ import torch
 from chapters.common import SHIPPED
 from chapters.day50_gathered_mapping import claims
 from nanoserve import LLM, SamplingParams
-from nanoserve.attention.gathered import paged_attention_gathered
+from nanoserve.attention.backends.gathered import paged_attention_gathered
 from nanoserve.attention.paged import BatchedPagedKVCache
 from nanoserve.attention.reference import paged_attention_batched_reference
-from nanoserve.attention.workspace import workspace_bytes
+from nanoserve.attention.selector import workspace_bytes
 
 torch.set_num_threads(1)
 

@@ -73,12 +73,12 @@ ROWS = 8
 def _linear_pair(k: int, n: int):
     import torch
 
-    from nanoserve.cpu.prepack import PackedLinear
+    from nanoserve.layers.linear_onednn import packed_layer
 
     g = torch.Generator().manual_seed(n)
     w = torch.randn(n, k, generator=g).to(torch.bfloat16)  # (N, E)
     x = torch.randn(ROWS, k, generator=g).to(torch.bfloat16)  # (B, E)
-    return x, w, PackedLinear(w, None)
+    return x, w, packed_layer(w)
 
 
 def bf16_packing_here() -> str | None:

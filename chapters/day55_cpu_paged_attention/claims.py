@@ -2,10 +2,10 @@
 greedy tokens with it, what it materialises, and what it costs in time on this CPU.
 
 Error rows call ``torch.ops.nanoserve.paged_decode_attention`` and the package's
-``decode_attention_reference`` (``nanoserve.cpu.csrc.ops``) on seeded ragged batches over scrambled
-pools; the frozen plain-torch model (``snapshot/paged_decode.py``) is held against the compiled
-op. Token rows run the package's ``LLM`` on nanoserve-tiny. Bytes come from the package's
-``workspace_bytes`` for the other reads and from the snapshot's mirror of the kernel's
+``decode_attention_reference`` (``nanoserve.cpu.csrc.reference``) on seeded ragged batches over
+scrambled pools; the frozen plain-torch model (``snapshot/paged_decode.py``) is held against the
+compiled op. Token rows run the package's ``LLM`` on nanoserve-tiny. Bytes come from the
+package's ``workspace_bytes`` for the other reads and from the snapshot's mirror of the kernel's
 allocations for this one (computed, not measured). Timed rows are ratios of interleaved rounds.
 """
 
@@ -63,7 +63,7 @@ def case(lens, block_size: int, hkv: int, group: int, head_dim: int, dtype=torch
 
 
 def kernel(q, kp, vp, table, ctx, block_size):
-    """The op as the engine calls it (``BatchedPagedKVCache._cpu_decode``)."""
+    """The op as the engine calls it (``CPUBackend._kernel``)."""
     why = kernel_missing()  # loads the library on first use
     if why:
         raise RuntimeError(why)
@@ -74,7 +74,7 @@ def kernel(q, kp, vp, table, ctx, block_size):
 
 
 def reference(q, kp, vp, table, ctx, block_size):
-    from nanoserve.cpu.csrc.ops import decode_attention_reference
+    from nanoserve.cpu.csrc.reference import decode_attention_reference
 
     return decode_attention_reference(q, kp, vp, table, ctx, block_size)
 
@@ -168,7 +168,7 @@ def engine_runs() -> dict:
     forces preemption. Kernel calls are counted on the cache, per kind of step, and in the
     decode steps that ``decode_layers`` runs (Day 54's later loop in C++: one call a layer)."""
     from nanoserve import LLM, SamplingParams
-    from nanoserve.attention.paged import BatchedPagedKVCache
+    from nanoserve.attention.backends.cpu import CPUBackend
     from nanoserve.cpu import fused
 
     g = torch.Generator().manual_seed(55)
@@ -177,10 +177,10 @@ def engine_runs() -> dict:
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True)
               for m in (24, 40, 16, 32, 48, 8, 20, 36)]
     calls = {"decode": 0, "mixed": 0, "longest": 0}
-    plain = BatchedPagedKVCache._cpu_decode
+    plain = CPUBackend._kernel
 
     def counted(self, q, kp, vp, blocks, context_lens):
-        calls["mixed" if self._step.packed_lens is not None else "decode"] += 1
+        calls["mixed" if self.cache._step.packed_lens is not None else "decode"] += 1
         calls["longest"] = max(calls["longest"], int(context_lens.max()))
         return plain(self, q, kp, vp, blocks, context_lens)
 
@@ -197,7 +197,7 @@ def engine_runs() -> dict:
             "cpu, fused ops off": dict(kernels=False, attention="cpu"),
             "cpu": dict(kernels="auto", attention="cpu")}
     runs = {}
-    BatchedPagedKVCache._cpu_decode, fused._decode_layers = counted, counted_loop
+    CPUBackend._kernel, fused._decode_layers = counted, counted_loop
     try:
         for name, kw in arms.items():
             for k in calls:
@@ -209,7 +209,7 @@ def engine_runs() -> dict:
             runs[name] = dict(tokens=out, preemptions=llm.stats.preemptions,
                               layers=llm.model.cfg.num_hidden_layers, **calls)
     finally:
-        BatchedPagedKVCache._cpu_decode, fused._decode_layers = plain, loop
+        CPUBackend._kernel, fused._decode_layers = plain, loop
     return runs
 
 
@@ -245,7 +245,7 @@ def auto_choice() -> str:
 def workspace(lens: list[int]) -> str:
     """One layer's read, bf16 pools, 16-token blocks: the package's figures for the other
     reads, the snapshot's mirror of the kernel's allocations for this one."""
-    from nanoserve.attention.workspace import workspace_bytes
+    from nanoserve.attention.selector import workspace_bytes
 
     others = [workspace_bytes(p, lens, *SMOL, 2, block_size=16)
               for p in ("reference", "gathered", "triton")]
@@ -293,7 +293,7 @@ def read_times(dtype_name: str, context: int, rounds: int = 15) -> dict[str, flo
                                  getattr(torch, dtype_name))
     rect, cells, owner = layouts(table, ctx, 16)
     calls = max(3, 6000 // context)
-    from nanoserve.attention.gathered import paged_attention_gathered
+    from nanoserve.attention.backends.gathered import paged_attention_gathered
     from nanoserve.attention.reference import paged_attention_batched_reference
 
     def timer(fn):

@@ -4,7 +4,7 @@ it materialises.
 Errors are measured in float32 under Triton's interpreter (no GPU here) on tiny ragged shapes
 with scattered block ids; launch grids are recorded from ``nanoserve.cuda.kernels.paged_attention``
 itself (a recorder stands in for the kernel object, so a Llama-3.2-1B-sized shape can be
-launched without running it); bytes come from ``nanoserve.attention.workspace.workspace_bytes``.
+launched without running it); bytes come from ``nanoserve.attention.selector.workspace_bytes``.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def head_dim_48() -> str:
 
 
 def workspace(path: str, lens: list[int], **over) -> int:
-    from nanoserve.attention.workspace import workspace_bytes
+    from nanoserve.attention.selector import workspace_bytes
 
     return workspace_bytes(path, lens, **{**LLAMA, **over})
 

@@ -65,7 +65,7 @@ def speedup(rows: int, ctx: int, device: str, rounds: int = 5, reps: int = 20,
             hkv: int = 8, group: int = 4, head_dim: int = 64,
             dtype: torch.dtype = torch.bfloat16) -> float:
     """gathered time / kernel time, each its best over interleaved rounds."""
-    from nanoserve.attention.gathered import paged_attention_gathered
+    from nanoserve.attention.backends.gathered import paged_attention_gathered
     from nanoserve.cuda.kernels import paged_attention
 
     lens = [ctx] * rows

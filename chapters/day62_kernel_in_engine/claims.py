@@ -37,15 +37,15 @@ def engine_runs() -> dict:
     """The same requests through attention="reference" and attention="triton". In the triton
     run every call of the kernel and of packed prefill is counted, and each kernel call's block
     ids are held against the frozen snapshot's, read from the slot table at that moment."""
-    import nanoserve.attention.paged
+    import nanoserve.attention.backends.base
     import nanoserve.cuda.kernels
     from nanoserve import LLM, SamplingParams
 
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in MAX_TOKENS]
     runs, seen = {}, {"kernel": [], "packed": 0, "reference": 0}
     kernel = nanoserve.cuda.kernels.paged_attention
-    packed = nanoserve.attention.paged.packed_prefill_attention
-    ref = nanoserve.attention.paged.paged_attention_batched_reference
+    packed = nanoserve.attention.backends.base.packed_prefill_attention
+    ref = nanoserve.attention.backends.base.paged_attention_batched_reference
     for attention in ("reference", "triton"):
         llm = LLM(hf_checkpoint("gqa"), attention=attention, **ENGINE)
         cache = llm.engine.cache
@@ -65,14 +65,14 @@ def engine_runs() -> dict:
                 return ref(*a, **kw)
 
             nanoserve.cuda.kernels.paged_attention = spy_kernel
-            nanoserve.attention.paged.packed_prefill_attention = spy_packed
-            nanoserve.attention.paged.paged_attention_batched_reference = spy_ref
+            nanoserve.attention.backends.base.packed_prefill_attention = spy_packed
+            nanoserve.attention.backends.base.paged_attention_batched_reference = spy_ref
         try:
             outs = llm.generate(PROMPTS, params)
         finally:
             nanoserve.cuda.kernels.paged_attention = kernel
-            nanoserve.attention.paged.packed_prefill_attention = packed
-            nanoserve.attention.paged.paged_attention_batched_reference = ref
+            nanoserve.attention.backends.base.packed_prefill_attention = packed
+            nanoserve.attention.backends.base.paged_attention_batched_reference = ref
         runs[attention] = ([o.token_ids for o in outs], llm.stats.preemptions,
                            llm.stats.decode_steps)
     runs["seen"] = seen

@@ -32,7 +32,7 @@ from nanoserve.cuda.triton_mode import use_interpreter
 
 use_interpreter()  # no CUDA here: Triton's interpreter, chosen before anything imports triton
 
-import nanoserve.attention.paged
+import nanoserve.attention.backends.base
 import nanoserve.cuda.kernels
 from chapters.common import hf_checkpoint
 from chapters.day62_kernel_in_engine.snapshot import engine_read
@@ -98,7 +98,7 @@ finally:
 
 # %%
 counts = {"kernel": 0, "kernel, T > 1": 0, "packed prefill": 0}
-packed = nanoserve.attention.paged.packed_prefill_attention
+packed = nanoserve.attention.backends.base.packed_prefill_attention
 
 
 def count_kernel(q, *a, **kw):
@@ -113,12 +113,12 @@ def count_packed(*a, **kw):
 
 
 nanoserve.cuda.kernels.paged_attention = count_kernel
-nanoserve.attention.paged.packed_prefill_attention = count_packed
+nanoserve.attention.backends.base.packed_prefill_attention = count_packed
 try:
     LLM(PATH, attention="triton", **ENGINE).generate(PROMPTS, PARAMS)
 finally:
     nanoserve.cuda.kernels.paged_attention = kernel
-    nanoserve.attention.paged.packed_prefill_attention = packed
+    nanoserve.attention.backends.base.packed_prefill_attention = packed
 print(counts)
 
 # %% [markdown]

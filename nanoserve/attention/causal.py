@@ -2,9 +2,10 @@
 
 Why this module exists: two paths attend over keys that were computed in the same forward and
 never read back from a pool. The uncached forward (Day 4) attends each query to the tokens it was
-given (``causal_attention``); packed prefill (Day 51) attends each prompt of a packed stream to
-itself only (``packed_prefill_attention``). Every attention backend that takes fresh prompts
-whole goes through the second.
+given (``causal_attention``; ``CausalAttention`` is that path as the attention context a model
+runs over when it is given no cache); packed prefill (Day 51) attends each prompt of a packed
+stream to itself only (``packed_prefill_attention``). Every attention backend that takes fresh
+prompts whole goes through the second.
 
 Shapes: B batch, Hq query heads, Hkv KV heads, T queries, S keys, N packed tokens, D head_dim.
 """
@@ -43,3 +44,12 @@ def packed_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             q[:, :, s:s + n], k[:, :, s:s + n], v[:, :, s:s + n], is_causal=True, enable_gqa=True)
         s += n
     return out
+
+
+class CausalAttention:
+    """No cache: every query attends causally to the new tokens of its own forward (Day 4)."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        """q (B, Hq, T, D), k/v (B, Hkv, T, D) -> (B, Hq, T, D); nothing kept."""
+        return causal_attention(q, k, v)

@@ -1,19 +1,16 @@
-"""Attention over the paged KV cache.
+"""The rectangle read (Day 28): every row's context gathered at the width of the longest.
 
 Why this module exists: once K/V live in scattered pool cells, attention has to find them.
 ``paged_attention_batched_reference`` is the plain way: gather each row's context through its
 slot-table row into a (B, S) rectangle, S being the longest context in the batch, mask what a row
-may not see, and run ordinary attention. Every later fast path (the gathered mapping, the paged
-kernel) is tested against this function.
+may not see, and run ordinary attention. Every faster read (Day 50's gathered mapping, the C++
+kernel, the Triton kernel) is tested against this function, and every backend falls back to it
+for the rows its own read does not take (``backends/base.py``).
 
 Its cost is the rectangle: a row with 10 cached tokens in a batch whose longest row has 2,000 is
-gathered, and masked, at width 2,000. That is the debt the Day 50 gathered mapping pays back:
-``paged_attention_gathered`` reads each row's own cells only, through the chunked index that
-``gathered.GatheredIndex`` keeps on the cache. ``workspace_bytes`` prices what each path
-materialises, so the two can be compared by counting rather than timing.
-
-Packed prefill (``packed_prefill_attention``) is the prompt-side counterpart: prompts packed
-into one token stream, each attending causally to itself only.
+gathered, and masked, at width 2,000. That is the debt the gathered mapping pays back
+(``backends/gathered.py``); ``selector.workspace_bytes`` prices each read's intermediates, so the
+two can be compared by counting rather than timing.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def positions() -> None:
 
 
 def workspace() -> None:
-    from nanoserve.attention.workspace import workspace_bytes
+    from nanoserve.attention.selector import workspace_bytes
     for name, lens in [("one of 2000 + 31 of 50", [2000] + [50] * 31),
                        ("32 of 16..202", list(range(16, 208, 6))), ("32 of 512", [512] * 32)]:
         r, g = (workspace_bytes(p, lens, 9, 3, 64, 2) for p in ("reference", "gathered"))
@@ -136,7 +136,7 @@ def decode(arms: list[str], dtype: str, steps: int, ragged: bool) -> None:
 
 def linear(rows: int, dtype: str) -> None:
     """One SmolLM2-135M layer's projections and the LM head: F.linear vs the packed weight."""
-    from nanoserve.cpu.prepack import PackedLinear
+    from nanoserve.layers.linear_onednn import packed_layer
     dt = getattr(torch, dtype)
     E, inter, V = SMOLLM2_135M["hidden_size"], SMOLLM2_135M["intermediate_size"], 49152
     shapes = {"qkv 576->960": (E, 960), "o 576->576": (E, E), "gate_up 576->3072": (E, 2 * inter),
@@ -145,7 +145,7 @@ def linear(rows: int, dtype: str) -> None:
           f"rounds (us per call):")
     for name, (k, n) in shapes.items():
         w, x = torch.randn(n, k, dtype=dt), torch.randn(rows, k, dtype=dt)
-        packed = PackedLinear(w, None)
+        packed = packed_layer(w)
         calls = 20 if n > 10_000 else 200
         best = {"F.linear": 1e9, "packed": 1e9}
         with torch.inference_mode():
@@ -226,7 +226,7 @@ def pages(dtype: str, pairs: int) -> None:
     times; the median of the paired ratios, with the 10th and 90th percentiles."""
     from nanoserve import LLM
     from nanoserve.bench.shapes import shape_checkpoint
-    from nanoserve.cpu.prepack import small_copies
+    from nanoserve.layers.linear_methods import small_copies
 
     torch.set_num_threads(1)
     llm = LLM(str(shape_checkpoint("smollm2-135m")), dtype=dtype, skip_tokenizer_init=True,
@@ -310,34 +310,34 @@ def layers(dtype: str, pairs: int) -> None:
     Python loop, alternately, ``pairs`` times; the median step of each and of their ratio."""
     from nanoserve import LLM, SamplingParams
     from nanoserve.bench.shapes import shape_checkpoint
-    from nanoserve.cpu import fused
+    from nanoserve.layers.linear_methods import linears
 
     torch.set_num_threads(1)
     llm = LLM(str(shape_checkpoint("smollm2-135m")), dtype=dtype, skip_tokenizer_init=True,
               max_num_seqs=8, max_model_len=512)
-    if fused._layer_weights(llm.model) is None:
+    loop = llm.model.decode_layer_weights  # None: some linear has no small-M copy here
+    if loop is None:
+        methods = sorted({m.method.describe() for m in linears(llm.model)})
         print(f"layers: the loop does not qualify here ({llm.kernels_reason}; "
-              f"{llm.prepack_reason}; small-M rows {llm.model.small_gemm_rows})")
+              f"{llm.prepack_reason}; linear methods: {'; '.join(methods)})")
         return
     g = torch.Generator().manual_seed(49)
     params = SamplingParams(temperature=0, max_tokens=2 * pairs + 8, ignore_eos=True)
     for i in range(8):
         prompt = torch.randint(2, 49000, (40 + 8 * i,), generator=g).tolist()
         llm.core.add(llm.core.make_request(f"r{i}", prompt, params))
-    real = fused._decode_layers
 
-    def step(loop) -> None:
-        fused._decode_layers = loop
+    def step(weights) -> None:  # without the loop's weights, the forward runs its Python loop
+        llm.model.decode_layer_weights = weights
         llm.core.step()
 
     try:
         with torch.inference_mode():
             llm.core.step()  # the prefill
             llm.core.step()
-            times = _paired({"op": lambda: step(real), "python": lambda: step(lambda *a: None)},
-                            pairs)
+            times = _paired({"op": lambda: step(loop), "python": lambda: step(None)}, pairs)
     finally:
-        fused._decode_layers = real
+        llm.model.decode_layer_weights = loop
     ratio = statistics.median(p / o for p, o in zip(times["python"], times["op"], strict=True))
     print(f"layers, SmolLM2-135M shape (random), {dtype}, 8 rows, one thread, {pairs} "
           f"alternating pairs of decode steps: Python loop "

@@ -8,10 +8,9 @@ benchmarks all build from. Nothing else lists an option, its default or its limi
 
 from __future__ import annotations
 
+from nanoserve.config.attention import ATTENTION_CHOICES, ATTENTION_PATHS
 from nanoserve.config.engine import (
     ALLOCATION_POLICIES,
-    ATTENTION_CHOICES,
-    ATTENTION_PATHS,
     BATCHING_POLICIES,
     DEFAULT_MODEL,
     KERNEL_CHOICES,

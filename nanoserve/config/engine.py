@@ -26,6 +26,7 @@ import difflib
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
+from nanoserve.config.attention import ATTENTION_CHOICES
 from nanoserve.config.cpus import check_spec
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "checkpoints" / "nanoserve-tiny"
@@ -34,8 +35,6 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "checkpoints" / "nanoserve
 BATCHING_POLICIES = ("continuous", "static")
 ALLOCATION_POLICIES = ("reserve", "incremental")
 PREFILL_POLICIES = ("packed", "padded")
-ATTENTION_PATHS = ("reference", "gathered", "triton", "cpu")
-ATTENTION_CHOICES = ("auto", *ATTENTION_PATHS)  # auto: the C++ kernel where the ops load
 DEFAULT_BATCHED_TOKENS = 512  # one step's budget offline (LLM): throughput, few long steps
 SERVE_BATCHED_TOKENS = 128  # nanoserve serve's: streams wait out each step (Day 42 measured it)
 PREPACK_CHOICES = ("auto", True, False)

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
 
@@ -54,6 +53,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
+    architectures: tuple[str, ...] = ()  # the checkpoint's classes: the model registry's key
+    model_type: str | None = None
+    sliding_window: int | None = None  # a layer attends to its last N positions only
+    attn_logit_softcapping: float | None = None  # scores pass through cap * tanh(s / cap)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -66,13 +69,6 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
-        archs = d.get("architectures") or []
-        model_type = d.get("model_type")
-        if model_type != "llama" and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-            raise ValueError(
-                f"config.json: model_type={model_type!r}, architectures={archs!r}; "
-                f"nanoserve supports only Llama ({', '.join(SUPPORTED_ARCHITECTURES)})"
-            )
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads"):
             if not isinstance(d.get(key), int) or d[key] < 1:
@@ -121,6 +117,10 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_as_id_tuple(d.get("eos_token_id")),
             torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+            architectures=tuple(d.get("architectures") or ()),
+            model_type=d.get("model_type"),
+            sliding_window=d.get("sliding_window"),
+            attn_logit_softcapping=d.get("attn_logit_softcapping"),
             extra=d,
         )
 

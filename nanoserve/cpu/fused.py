@@ -1,8 +1,8 @@
-"""The Llama forward through the C++ ops: the same arithmetic as ``model.py``, fewer passes.
+"""The Llama forward through the C++ ops: the same arithmetic as the model's own, fewer passes.
 
-Why this module exists: ``model.py`` is the reference, written op for op like Hugging Face's so
-it can be held against transformers. On a CPU its small ops cost as much as its matmuls at
-decode sizes. This forward keeps every matmul (plain or packed) and replaces the rest:
+Why this module exists: ``nanoserve.model.llama`` is the reference, written op for op like
+Hugging Face's so it can be held against transformers. On a CPU its small ops cost as much as its
+matmuls at decode sizes. This forward keeps every matmul (plain or packed) and replaces the rest:
 
 - the residual stream is carried beside the hidden state, and each add is fused into the next
   norm (``fused_add_rms_norm``: ``residual += h; h = norm(residual)``), as vLLM's layers do;
@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import torch
 
-from nanoserve.attention.causal import causal_attention
-from nanoserve.layers.rotary import rope_cos_sin
-
 ops = torch.ops.nanoserve
 
 
@@ -46,9 +43,7 @@ def _attention(attn, h, cos, sin, positions, backend, cells, nowhere, layer: int
     q4 = q.view(B, T, Hq, D).transpose(1, 2)  # (B, Hq, T, D)
     k4 = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
     v4 = v.view(B, T, Hkv, D).transpose(1, 2)
-    if backend is None:
-        out = causal_attention(q4, k4, v4)
-    elif cells is not None:
+    if cells is not None:
         out = backend.attend_written(layer, q4, k4, v4, positions)
     else:
         out = backend.attend(layer, q4, k4, v4, positions)
@@ -62,32 +57,29 @@ def _mlp(mlp, h):
     return mlp.down_proj(act)
 
 
-def _layer_weights(model) -> dict | None:
-    """Each layer's norms and small-M copies as ``decode_layers`` takes them, built once per
-    model, and the largest batch every linear sends to the small-M kernel; None where some linear
-    does not take it (not packed, oneDNN chosen for its shape, a tensor-parallel wrapper)."""
-    if not hasattr(model, "decode_layer_weights"):
-        from nanoserve.cpu.prepack import PackedLinear
-
-        lists: dict = {k: [] for k in ("norm1", "norm2", "qkv_w", "qkv_b", "o_w", "o_b",
-                                       "gate_up_w", "gate_up_b", "down_w", "down_b")}
-        rows = []
-        for layer in model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            linears = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj,
-                       "down": mlp.down_proj}
-            if not all(type(m) is PackedLinear and m.small is not None for m in linears.values()):
-                model.decode_layer_weights = None
-                return None
-            for name, m in linears.items():
-                lists[f"{name}_w"].append(m.small)
-                lists[f"{name}_b"].append(m.bias)
-                rows.append(m.small_rows)
-            lists["norm1"].append(layer.input_layernorm.weight)
-            lists["norm2"].append(layer.post_attention_layernorm.weight)
-        model.decode_layer_weights = {"lists": lists, "rows": min(rows, default=0),
-                                      "dtype": lists["qkv_w"][0].dtype if rows else None}
-    return model.decode_layer_weights
+def layer_weights(model) -> dict | None:
+    """Each layer's norms and small-M copies as ``decode_layers`` takes them, and the largest
+    batch every linear sends to the small-M kernel: built once, at load (``prepare_model``), into
+    ``model.decode_layer_weights``. None where some linear has no small-M copy (not packed,
+    oneDNN chosen for its shape) or sums over ranks (a tensor-parallel row)."""
+    lists: dict = {k: [] for k in ("norm1", "norm2", "qkv_w", "qkv_b", "o_w", "o_b",
+                                   "gate_up_w", "gate_up_b", "down_w", "down_b")}
+    rows = []
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj,
+                   "down": mlp.down_proj}
+        if not all(getattr(m.method, "small", None) is not None and m.all_reduce is None
+                   for m in linears.values()):
+            return None
+        for name, m in linears.items():
+            lists[f"{name}_w"].append(m.method.small)
+            lists[f"{name}_b"].append(m.method.bias)
+            rows.append(m.method.rows)
+        lists["norm1"].append(layer.input_layernorm.weight)
+        lists["norm2"].append(layer.post_attention_layernorm.weight)
+    return {"lists": lists, "rows": min(rows, default=0),
+            "dtype": lists["qkv_w"][0].dtype if rows else None}
 
 
 def _decode_layers(model, residual, cos, sin, backend, cells) -> torch.Tensor | None:
@@ -97,7 +89,7 @@ def _decode_layers(model, residual, cos, sin, backend, cells) -> torch.Tensor | 
     if T != 1 or cells is None or torch.compiler.is_compiling():
         return None
     read = backend.kernel_decode() if hasattr(backend, "kernel_decode") else None
-    weights = _layer_weights(model) if read is not None else None
+    weights = model.decode_layer_weights if read is not None else None
     if weights is None or B > weights["rows"] or residual.dtype != weights["dtype"]:
         return None
     cfg, (blocks, context_lens) = model.cfg, read
@@ -112,14 +104,17 @@ def _decode_layers(model, residual, cos, sin, backend, cells) -> torch.Tensor | 
 
 def fused_forward(model, input_ids: torch.Tensor, positions: torch.Tensor,
                   backend=None) -> torch.Tensor:
-    """input_ids, positions (B, T) -> hidden (B, T, E), as ``Llama.forward`` computes it."""
+    """input_ids, positions (B, T) -> hidden (B, T, E), as ``Llama.forward`` computes it; no
+    ``backend``: the model's own no-cache attention (``model.causal``)."""
+    if backend is None:
+        backend = model.causal
     residual = model.embed_tokens(input_ids)  # (B, T, E): the stream, updated in place
     B, T, E = residual.shape
     D = model.cfg.head_dim
-    cos, sin = rope_cos_sin(model.inv_freq, positions, residual.dtype)  # (B, 1, T, D)
+    cos, sin = model.rope(positions, residual.dtype)  # (B, 1, T, D)
     cos, sin = cos.reshape(B * T, D), sin.reshape(B * T, D)
     cells = nowhere = None
-    if backend is not None and hasattr(backend, "attend_written"):
+    if hasattr(backend, "attend_written"):
         cells = backend.write_cells()  # (B * T,) this step's pool cells, -1 for padding
     else:
         Hkv = model.cfg.num_key_value_heads

@@ -14,7 +14,7 @@ to the recording, not the other way round:
   context the window may meet, ``max_model_len``) and the output hidden states. Window ``b``
   reads their first ``b`` rows, and the cache's slot table ``slots[:b]``, so it can only replay
   a step whose rows are exactly ``0..n-1``: ``rows_are_a_prefix``, which is
-  ``compact.is_compact`` (the persistent batch keeps it true; Day 58);
+  ``buckets.is_compact`` (the persistent batch keeps it true; Day 58);
 - a **padded row** (``n <= i < b``) reads nothing (context length 0) and writes no cell of its
   own: it repeats row 0's write, same cell and same bytes, so the duplicate is harmless.
 
@@ -43,20 +43,15 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoserve.attention.gathered import GATHER_CHUNK, paged_attention_gathered
-from nanoserve.attention.reference import paged_attention_batched_reference
-from nanoserve.cuda.buckets import (
-    batch_buckets as capture_sizes,  # Day 57's name for the capture list
-)
-from nanoserve.cuda.buckets import bucket_for
-from nanoserve.engine.compact import is_compact
+from nanoserve.cuda.buckets import batch_buckets as capture_sizes  # Day 57's name for them
+from nanoserve.cuda.buckets import bucket_for, is_compact
 
 log = logging.getLogger("nanoserve")
 
 
 def rows_are_a_prefix(rows: Iterable[int]) -> bool:
     """Can a window replay this step? Only if its rows are 0..n-1 (in any order). One
-    definition, shared with the scheduler's compaction: ``compact.is_compact``."""
+    definition, shared with the scheduler's compaction: ``buckets.is_compact``."""
     return is_compact(rows)
 
 
@@ -95,15 +90,17 @@ class StaticBuffers:
     NAMES = ("ids", "positions", "write_cells", "src_rows", "context_lens")
 
     def __init__(self, rows: int, hidden_size: int, max_context: int, dtype: torch.dtype,
-                 device: torch.device, gathered: bool, chunk: int = GATHER_CHUNK):
+                 device: torch.device, chunk: int | None = None):
+        """``chunk``: keep Day 50's gathered mapping, ``chunk`` cells a chunk (None: the
+        window reads the rectangle of the slot table's first rows)."""
         self.rows, self.chunk = rows, chunk
         self.inputs = torch.zeros(5, rows, dtype=torch.long, device=device)  # (5, R)
         self.ids, self.positions, self.write_cells, self.src_rows, self.context_lens = (
             self.inputs.unbind(0))  # each (R,)
         self.hidden = torch.zeros(rows, hidden_size, dtype=dtype, device=device)  # (R, E)
-        self.chunks_per_row = -(-max_context // chunk)
+        self.chunks_per_row = -(-max_context // chunk) if chunk else 0
         self.gathered = self.chunk_b = None
-        if gathered:  # (R, nch * C) cells, -1 past each row's context; (R * nch,) owner row
+        if chunk:  # (R, nch * C) cells, -1 past each row's context; (R * nch,) owner row
             self.gathered = torch.full((rows, self.chunks_per_row * chunk), -1,
                                        dtype=torch.long, device=device)
             self.chunk_b = torch.arange(rows, device=device).repeat_interleave(
@@ -135,13 +132,13 @@ class _WindowBackend:
         src, write = buf.src_rows[:b], buf.write_cells[:b]
         kp.index_copy_(0, write, k[:, :, 0].index_select(0, src))  # pad rows repeat row 0
         vp.index_copy_(0, write, v[:, :, 0].index_select(0, src))
-        if buf.gathered is None:
-            return paged_attention_batched_reference(
-                q, kp, vp, cache.slots.cells[:b], positions, buf.context_lens[:b])
-        nch = buf.chunks_per_row
-        cells = buf.gathered[:b].view(b * nch, buf.chunk)  # (b * nch, C)
-        return paged_attention_gathered(q[:, :, 0], kp, vp, cells,
-                                        buf.chunk_b[:b * nch])[:, :, None]
+        gathered = None
+        if buf.gathered is not None:
+            nch = buf.chunks_per_row
+            gathered = (buf.gathered[:b].view(b * nch, buf.chunk),  # (b * nch, C)
+                        buf.chunk_b[:b * nch])  # (b * nch,)
+        return cache.backend.window_read(q, kp, vp, cache.slots.cells[:b], positions,
+                                         buf.context_lens[:b], gathered)
 
 
 class DecodeGraphs:
@@ -164,7 +161,7 @@ class DecodeGraphs:
         self.max_context = cache.max_model_len  # the longest context a window may meet
         self.buffers = StaticBuffers(self.sizes[-1], model.cfg.hidden_size, self.max_context,
                                      model.embed_tokens.weight.dtype, cache.device,
-                                     cache.attention == "gathered")
+                                     cache.backend.window_chunk)
         self._col = torch.arange(self.max_context, device=cache.device)  # (L,)
         self._fn = self._window
         if compile:

@@ -46,6 +46,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from nanoserve.cuda.buckets import is_compact  # noqa: F401 - the occupancy's first question
+
 COMPACTION_MODES = ("free", "persistent")
 
 
@@ -79,15 +81,6 @@ def _occupancy(rows: Iterable[int]) -> list[int]:
     if occ and occ[0] < 0:
         raise ValueError(f"rows {occ} include a negative row")
     return occ
-
-
-def is_compact(rows: Iterable[int]) -> bool:
-    """True when the rows are exactly 0..n-1, in any order (an empty batch is compact).
-
-    This is the one definition of "a recorded window can replay this step": the scheduler keeps
-    it true and the capture asks it every step (``rows_are_a_prefix`` delegates here)."""
-    occ = sorted(rows)
-    return occ == list(range(len(occ)))
 
 
 def holes(rows: Iterable[int]) -> list[int]:

@@ -5,10 +5,11 @@ Hugging Face's ``LlamaForCausalLM`` operation for operation (RMSNorm in fp32, Ro
 ``rotate_half``, the same ``inv_freq`` arithmetic) so that tests can hold its logits against
 transformers' on the same checkpoint (bit-identical in fp32 on the CPUs tested).
 
-The model does not own a KV cache. Attention asks an *attention backend* for the context: with no
-backend it attends causally over the tokens it was given (the uncached path of Day 4); with a
-``KVCache`` (Day 7) it first writes the new keys and values, then attends over everything cached.
-Later days plug a paged cache into the same seam.
+The model does not own a KV cache. Attention asks the *attention context* it is given for the
+context of its queries: with none it attends causally over the tokens it was given (the uncached
+path of Day 4, ``CausalAttention``); with a ``KVCache`` (Day 7) it first writes the new keys and
+values, then attends over everything cached. Later days plug the paged cache (and through it an
+attention backend) into the same seam.
 
 Shapes: B batch, T new tokens, S attended tokens, Hq query heads, Hkv KV heads, D head_dim,
 E hidden size, V vocab.
@@ -22,13 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoserve.attention.causal import causal_attention
+from nanoserve.attention.causal import CausalAttention
 from nanoserve.config import ModelConfig
+from nanoserve.layers.linear import Linear
 from nanoserve.layers.norm import RMSNorm
 from nanoserve.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
 
 
-class AttentionBackend(Protocol):
+class AttentionContext(Protocol):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
         """q (B, Hq, T, D), k/v (B, Hkv, T, D) for the new tokens -> (B, Hq, T, D)."""
@@ -40,11 +42,11 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size,
-                                  bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size,
+                               bias=cfg.attention_bias, parallel="column")
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=cfg.attention_bias, parallel="row")
 
-    def forward(self, x, cos, sin, positions, backend: AttentionBackend | None):
+    def forward(self, x, cos, sin, positions, backend: AttentionContext):
         B, T, _ = x.shape  # (B, T, E)
         q, k, v = self.qkv_proj(x).split([self.hq * self.d, self.hkv * self.d,
                                           self.hkv * self.d], dim=-1)
@@ -52,10 +54,7 @@ class Attention(nn.Module):
         k = k.view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if backend is None:
-            out = causal_attention(q, k, v)
-        else:
-            out = backend.attend(self.layer, q, k, v, positions)
+        out = backend.attend(self.layer, q, k, v, positions)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.hq * self.d))
 
 
@@ -63,8 +62,9 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.i = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.i, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(self.i, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.i, bias=cfg.mlp_bias,
+                                   parallel="column")
+        self.down_proj = Linear(self.i, cfg.hidden_size, bias=cfg.mlp_bias, parallel="row")
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.i, dim=-1)  # (B, T, I) each
@@ -91,31 +91,46 @@ class Llama(nn.Module):
     of T tokens needs one (E x V) matmul row, not T.
     """
 
+    model_type = "llama"  # the config.json model_type this family reads
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(
-            cfg.hidden_size, cfg.vocab_size, bias=False)
+        tied = cfg.tie_word_embeddings  # its weight is the embedding's: nothing to initialise
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False,
+                              device="meta" if tied else None)
+        self.tie_weights()
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        self.packed_head = None  # the LM head's weight packed for oneDNN (nanoserve/cpu/prepack.py)
-        self.huge_pages = "weights not packed"  # where the small-M copies live (huge_pages.py)
-        # The loader sets this to fused.fused_forward where the C++ CPU ops are on; forward
-        # then hands itself over (this module never imports the fused one).
-        self.fused_forward = None
+        self.causal = CausalAttention()  # the attention context when there is no cache
+        # What ``prepare_model`` settles at load (nanoserve/model/prepare.py), declared here:
+        self.huge_pages = "weights not packed"  # where the small-M copies live (cpu/huge_pages)
+        self.fused_forward = None  # the C++ forward (cpu/fused.py) where the ops are on
+        self.decode_layer_weights = None  # its layer loop as one op, where every linear allows
+
+    def tie_weights(self) -> None:
+        """A tied LM head reads the embedding's own weight (one Parameter, counted once)."""
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                backend: AttentionBackend | None = None) -> torch.Tensor:
-        """input_ids, positions (B, T) -> hidden (B, T, E)."""
+                backend: AttentionContext | None = None) -> torch.Tensor:
+        """input_ids, positions (B, T) -> hidden (B, T, E); no ``backend``: no cache."""
+        if backend is None:
+            backend = self.causal
         if self.fused_forward is not None:
             return self.fused_forward(self, input_ids, positions, backend)
         x = self.embed_tokens(input_ids)  # (B, T, E)
-        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        cos, sin = self.rope(positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, positions, backend)
         return self.norm(x)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        """positions (B, T) -> cos, sin (B, 1, T, D): this family's rotation angles."""
+        return rope_cos_sin(self.inv_freq, positions, dtype)
 
     @property
     def kernels(self) -> bool:
@@ -124,10 +139,7 @@ class Llama(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (..., E) -> logits (..., V), in float32 for the sampler."""
-        if self.packed_head is not None:
-            return self.packed_head(hidden).float()
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.lm_head(hidden).float()
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -106,7 +106,7 @@ def choose_dtype(dtype: str | torch.dtype, cfg: ModelConfig | None = None,
     return DTYPES[dtype], "as asked"
 
 
-def _tensor_files(model_dir: Path) -> dict[str, Path]:
+def tensor_files(model_dir: Path) -> dict[str, Path]:
     """Map every tensor name in the checkpoint to the file holding it."""
     index = model_dir / "model.safetensors.index.json"
     single = model_dir / "model.safetensors"
@@ -128,7 +128,7 @@ def _tensor_files(model_dir: Path) -> dict[str, Path]:
 def load_hf_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint, by its Hugging Face name, in its stored dtype."""
     model_dir = Path(model_dir)
-    files = _tensor_files(model_dir)
+    files = tensor_files(model_dir)
     by_file: dict[Path, list[str]] = {}
     for name, f in files.items():
         by_file.setdefault(f, []).append(name)
@@ -156,8 +156,10 @@ def hf_to_nanoserve(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, 
     out["norm.weight"] = take("model.norm.weight")
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = take("lm_head.weight")
-    elif "lm_head.weight" in hf:  # some tied checkpoints store the copy anyway
-        used.add("lm_head.weight")
+    else:  # the head reads the embedding (Llama.tie_weights): one tensor, both names
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+        if "lm_head.weight" in hf:  # some tied checkpoints store the copy anyway
+            used.add("lm_head.weight")
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         q = f"layers.{i}."
@@ -220,23 +222,35 @@ def save_checkpoint(model: torch.nn.Module, cfg: ModelConfig, model_dir: str | P
 
 def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
                device: str | torch.device = "cpu"):
-    """Build a ``Llama`` from a checkpoint folder, without ever running a random init."""
-    from nanoserve.layers.rotary import rope_inv_freq
-    from nanoserve.model.llama import Llama
+    """Build the checkpoint's model (its family from ``model.registry``) from a folder, without
+    ever running a random init."""
+    from nanoserve.model.registry import model_class
 
     cfg = ModelConfig.from_dir(model_dir)
+    family = model_class(cfg)
     torch_dtype = resolve_dtype(dtype, cfg, device)
     state = hf_to_nanoserve(load_hf_state_dict(model_dir), cfg)
     with torch.device("meta"):
-        model = Llama(cfg)
+        model = family(cfg)
+    return assign_weights(model, state, torch_dtype, device, "checkpoint does not match "
+                                                            "config.json")
+
+
+def assign_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype,
+                   device: str | torch.device, mismatch: str) -> torch.nn.Module:
+    """Fill a model built on the meta device with ``state`` (nanoserve's names), refusing any
+    tensor missing, extra or of another shape (``mismatch`` opens the message); tie the head;
+    compute the rotary frequencies on ``device``. Shared by one rank's load and a shard's."""
+    from nanoserve.layers.rotary import rope_inv_freq
+
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state.items()}
     if expected != got:
         bad = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
-        raise ValueError(f"checkpoint does not match config.json at {bad[:3]}: "
-                         f"expected {[expected.get(k) for k in bad[:3]]}, "
-                         f"found {[got.get(k) for k in bad[:3]]}")
-    state = {k: v.to(device=device, dtype=torch_dtype) for k, v in state.items()}
-    model.load_state_dict(state, assign=True)
-    model.inv_freq = rope_inv_freq(cfg).to(device)
+        raise ValueError(f"{mismatch} at {bad[:3]}: expected {[expected.get(k) for k in bad[:3]]}"
+                         f", found {[got.get(k) for k in bad[:3]]}")
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()},
+                          assign=True)
+    model.tie_weights()
+    model.inv_freq = rope_inv_freq(model.cfg).to(device)
     return model.eval()

@@ -1,11 +1,14 @@
 """The three places a tensor-parallel Llama differs from one rank's: where the ranks meet.
 
 Why this module exists: with the weights cut as ``shard.py`` says, every rank runs the plain
-model (``model.py``, or the C++ forward of ``fused.py``) on its own heads and its own slice of
-the MLP, and nothing in them knows there are other ranks. Only three modules do:
+model (``nanoserve.model.llama``, or the C++ forward of ``nanoserve.cpu.fused``) on its own heads
+and its own slice of the MLP, and nothing in them knows there are other ranks. Only three places
+do:
 
-- ``RowParallel`` wraps the output projection and the MLP's down projection: each rank's
-  product is a partial sum over its input columns, so it all-reduces the (B, T, E) result;
+- the row-parallel linears (the output projection and the MLP's down projection, declared
+  ``parallel="row"`` by the model): each rank's product is a partial sum over its input
+  columns, so the layer all-reduces the (B, T, E) result (``Linear.all_reduce``), whatever
+  linear method computes the product;
 - ``VocabParallelEmbedding``: a rank holds rows ``start..end`` of the table, looks up the ids it
   holds, writes zeros for the others, and the all-reduce assembles each token's row;
 - ``TPLlama.compute_logits``: each rank projects onto its vocabulary shard; rank 0 gathers the
@@ -13,8 +16,7 @@ the MLP, and nothing in them knows there are other ranks. Only three modules do:
   back and nothing else: logits never travel to the workers.
 
 So a layer costs two all-reduces of (tokens, E) and a forward one more (the embedding), and a
-step's logits one gather. The wrapped linear stays an ``nn.Linear`` child, so packing
-(``prepack.py``) still finds and replaces it.
+step's logits one gather.
 """
 
 from __future__ import annotations
@@ -23,20 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanoserve.layers.linear import Linear
 from nanoserve.model.llama import Llama
 from nanoserve.tp.comm import Comm
-
-
-class RowParallel(nn.Module):
-    """``linear`` over this rank's input columns, then the sum over ranks: (..., E)."""
-
-    def __init__(self, linear: nn.Module, comm: Comm):
-        super().__init__()
-        self.linear = linear
-        self.comm = comm
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.comm.model_all_reduce(self.linear(x).contiguous())
+from nanoserve.tp.shard import ShardPlan
 
 
 class VocabParallelEmbedding(nn.Embedding):
@@ -57,17 +49,21 @@ class VocabParallelEmbedding(nn.Embedding):
 
 
 class TPLlama(Llama):
-    """One rank's Llama: ``cfg`` is this rank's shard (``ShardPlan.local``); ``vocab_size`` the
-    checkpoint's whole vocabulary, to which rank 0 trims the gathered logits."""
+    """One rank's Llama, built from its ``ShardPlan``: ``plan.local`` is this rank's shard of
+    the config; the checkpoint's whole vocabulary, to which rank 0 trims the gathered logits,
+    is ``plan.cfg.vocab_size``."""
 
-    def __init__(self, cfg, comm: Comm, vocab_size: int, vocab_start: int):
-        super().__init__(cfg)
-        self.comm, self.vocab_size = comm, vocab_size
+    def __init__(self, plan: ShardPlan, comm: Comm):
+        super().__init__(plan.local)
+        cfg = plan.local
+        self.comm, self.vocab_size, self.shard_plan = comm, plan.cfg.vocab_size, plan
+        self.bytes_read = 0  # of the checkpoint, by this rank's load (tp/load.py)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
-                                                   vocab_start, comm)
-        for layer in self.layers:
-            layer.self_attn.o_proj = RowParallel(layer.self_attn.o_proj, comm)
-            layer.mlp.down_proj = RowParallel(layer.mlp.down_proj, comm)
+                                                   plan.vocab_rows[0], comm)
+        self.tie_weights()  # a tied head reads this rank's shard of the table
+        for m in self.modules():
+            if isinstance(m, Linear) and m.parallel == "row":
+                m.all_reduce = comm.model_all_reduce
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (B, E) -> (B, V) on rank 0 (float32); (B, V/tp) of its own shard elsewhere."""

@@ -15,17 +15,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from nanoserve.model.weights import _tensor_files, hf_to_nanoserve
+from nanoserve.model.weights import assign_weights, hf_to_nanoserve, tensor_files
 from nanoserve.tp.comm import Comm
 from nanoserve.tp.layers import TPLlama
 from nanoserve.tp.shard import ShardPlan
 
-WRAPPED = ("self_attn.o_proj.", "mlp.down_proj.")  # RowParallel keeps its linear as .linear
-
 
 def read_slices(model_dir: str | Path, plan: ShardPlan) -> tuple[dict[str, torch.Tensor], int]:
     """This rank's piece of every tensor, by its Hugging Face name; and the bytes read."""
-    files = _tensor_files(Path(model_dir))
+    files = tensor_files(Path(model_dir))
     by_file: dict[Path, list[str]] = {}
     for name, f in files.items():
         by_file.setdefault(f, []).append(name)
@@ -44,26 +42,11 @@ def read_slices(model_dir: str | Path, plan: ShardPlan) -> tuple[dict[str, torch
 def load_shard(model_dir: str | Path, plan: ShardPlan, comm: Comm, dtype: torch.dtype,
                device: torch.device | str = "cpu") -> TPLlama:
     """Build rank ``plan.rank``'s ``TPLlama`` without a random init or a whole-tensor read."""
-    from nanoserve.layers.rotary import rope_inv_freq
-
     hf, nbytes = read_slices(model_dir, plan)
     state = hf_to_nanoserve(hf, plan.local)
-    for key in list(state):
-        for w in WRAPPED:
-            if w in key:
-                head, _, tail = key.partition(w)
-                state[f"{head}{w}linear.{tail}"] = state.pop(key)
     with torch.device("meta"):
-        model = TPLlama(plan.local, comm, plan.cfg.vocab_size, plan.vocab_rows[0])
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in state.items()}
-    if expected != got:
-        bad = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
-        raise ValueError(f"rank {plan.rank}: the checkpoint's slices do not match the shard "
-                         f"at {bad[:3]}: expected {[expected.get(k) for k in bad[:3]]}, found "
-                         f"{[got.get(k) for k in bad[:3]]}")
-    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()},
-                          assign=True)
-    model.inv_freq = rope_inv_freq(plan.local).to(device)
+        model = TPLlama(plan, comm)
+    assign_weights(model, state, dtype, device,
+                   f"rank {plan.rank}: the checkpoint's slices do not match the shard")
     model.bytes_read = nbytes
-    return model.eval()
+    return model

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from nanoserve.config import ModelConfig
+from nanoserve.model.prepare import prepare_model
 from nanoserve.model.weights import DTYPES
 from nanoserve.tp.comm import Comm
 from nanoserve.tp.load import load_shard
@@ -77,15 +78,7 @@ def build_model(spec: RankSpec, comm: Comm) -> torch.nn.Module:
     """This rank's shard of the model, packed and fused as rank 0 decided."""
     plan = ShardPlan(ModelConfig.from_dir(spec.model), spec.tp, comm.rank)
     model = load_shard(spec.model, plan, comm, DTYPES[spec.dtype], spec.device_of(comm.rank))
-    if spec.prepack or spec.small_gemm:
-        from nanoserve.cpu.prepack import prepack_model
-
-        prepack_model(model, small_gemm=spec.small_gemm, onednn=spec.prepack)
-    if spec.kernels:
-        from nanoserve.cpu.fused import fused_forward
-
-        model.fused_forward = fused_forward
-    model.shard_plan = plan
+    prepare_model(model, spec.prepack, spec.small_gemm, spec.kernels)
     return model
 
 

@@ -4,8 +4,7 @@ Why this module exists: ``torch.compile`` traces a model with fake tensors; an o
 look inside needs a fake implementation that says what it does to shapes. Every op here only
 writes into arguments it was given, so each fake does nothing, and the compiler keeps the op
 opaque, in order. ``load()`` registers them; the ops' PyTorch references, which the runtime
-never needs, live beside the tests that hold each kernel to its reference
-(``tests/csrc_reference.py``).
+never needs, are ``reference.py``, which only tests and chapters import.
 """
 
 from __future__ import annotations

@@ -14,17 +14,23 @@ so the read costs sum(ceil(len / C)) * C cells: each row pays for its own contex
 C - 1 cells of padding (C = 32 by default; C = 1 would be exactly the sum of lengths, in
 matmuls too small to be quick). The attention itself is ``paged_attention_gathered``.
 
-The index lives on the cache and is kept, not rebuilt: a decode step adds one cell per running
-row, in place, opening a new chunk at the end of the list when a row's last chunk is full (chunks
-need not be in row order, since each names its row). A row that joins (after its prefill) is
-appended whole, once. A row that is reset or moved is *invalidated*: its chunks are dropped at
-the next step, in one compaction, and appended again if it comes back. Invariant, checked each
-step: for every row in the step, the index holds exactly the cells of positions 0..ctx-1.
+The index lives on the backend, one per cache, and is kept, not rebuilt: a decode step adds one
+cell per running row, in place, opening a new chunk at the end of the list when a row's last
+chunk is full (chunks need not be in row order, since each names its row). A row that joins
+(after its prefill) is appended whole, once. A row that is reset or moved is *invalidated*: its
+chunks are dropped at the next step, in one compaction, and appended again if it comes back.
+Invariant, checked each step: for every row in the step, the index holds exactly the cells of
+positions 0..ctx-1. ``GatheredBackend`` is the attention backend that keeps it
+(``attention="gathered"``).
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
+
+from nanoserve.attention.backends.base import AttentionBackend
 
 GATHER_CHUNK = 32  # cells per chunk
 
@@ -196,3 +202,41 @@ def paged_attention_gathered(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torc
     out = s.new_zeros(Hkv, B, g, D).index_add_(1, chunk_b, pv) / den[..., None]
     out = out.transpose(0, 1)  # (B, Hkv, g, D)
     return out.reshape(B, Hq, D).to(q.dtype)
+
+
+class GatheredBackend(AttentionBackend):
+    """Day 50: each decode row reads its own cells through the gathered mapping, kept up to
+    date one cell per row per step; prompts go through the shared paths."""
+
+    name = "gathered"
+    reads: ClassVar[tuple[str, ...]] = ("decode",)
+    window_chunk: ClassVar[int | None] = GATHER_CHUNK
+
+    def __init__(self, cache):
+        super().__init__(cache)
+        self.index = GatheredIndex(len(cache.tables), device=cache.device)
+
+    def forget_row(self, row: int) -> None:
+        self.index.invalidate(row)
+
+    def plan_decode(self, step, rows, ctx, cells) -> None:
+        step.read = self.index.update(rows, ctx, cells, self.cache.slots.cells)
+
+    def decode(self, q, kp, vp, positions, step) -> torch.Tensor:
+        cells, chunk_b = step.read
+        return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b)[:, :, None]
+
+    def window_read(self, q, kp, vp, slot_cells, positions, context_lens, gathered=None):
+        cells, chunk_b = gathered
+        return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b)[:, :, None]
+
+    @classmethod
+    def workspace_bytes(cls, context_lens, num_q_heads, num_kv_heads, head_dim, dtype_bytes,
+                        chunk=GATHER_CHUNK, block_size=16) -> int:
+        """The (n, C) chunk cells (int64), keys and values at (n*C, Hkv, D), the queries per
+        chunk (n, Hq, D), scores and probabilities (n, Hq, C) float32 and the per-chunk outputs
+        (n, Hq, D) float32, n = sum(ceil(len / C))."""
+        Hq, Hkv, D, e = num_q_heads, num_kv_heads, head_dim, dtype_bytes
+        n = sum(-(-c // chunk) for c in context_lens)
+        return (n * chunk * 8 + 2 * n * chunk * Hkv * D * e + n * Hq * D * e
+                + 2 * n * Hq * chunk * 4 + n * Hq * D * 4)

@@ -1,17 +1,15 @@
 """Each C++ CPU op's PyTorch reference: the behaviour the kernel must reproduce.
 
-Why this module exists: the references are the model's own PyTorch code, written op for op, and
-only the tests need them (``test_csrc.py`` holds every kernel to its reference over random shapes;
-``test_day54.py`` holds them to Day 54's frozen copies), so they live beside the tests and the
-engine never imports them.
+Why this module exists: every op in this folder has a plain PyTorch twin, written op for op as
+the model computes it, and the tests hold the kernel to it over random shapes
+(``tests/test_csrc.py``; Day 54 and 55 hold them to their chapters' frozen copies). Only tests and
+chapters import this module; the engine runs the kernels, and never loads it.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from nanoserve.layers.rotary import apply_rope
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,8 +31,10 @@ def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (N, H, D), cos/sin (N, D): the model's apply_rope on one token per row."""
-    return apply_rope(x.transpose(0, 1), cos[None], sin[None]).transpose(0, 1)
+    """x (N, H, D), cos/sin (N, D): each (i, i + D/2) pair rotated by its token's angle, as
+    ``nanoserve.layers.rotary.apply_rope`` does (``tests/test_csrc.py`` holds the two equal)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos[:, None] + torch.cat((-x2, x1), dim=-1) * sin[:, None]
 
 
 def decode_attention_reference(q, k_pool, v_pool, block_table, context_lens, block_size):

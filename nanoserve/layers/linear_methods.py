@@ -1,0 +1,82 @@
+"""The linear methods, by name, and the one step that gives each of a model's linears its own.
+
+Why this module exists: every ``Linear`` starts with the plain method; at load, once, each takes
+the method that computes it fastest here, as measured, not guessed (``prepack_model``): oneDNN's
+packed weight where the engine packs (``nanoserve.cpu.onednn``), and on top of it, or of
+``F.linear``, the small-M kernel for the batch sizes where ``nanoserve.cpu.small_gemm.choose``
+timed it faster on this layer's shape. Every small-M copy then moves onto 2 MiB pages, which the
+decode step streams (``nanoserve.cpu.huge_pages``). A new method (a quantized format) is one
+file and one line of ``LINEAR_METHODS``.
+
+    n = prepack_model(model, small_gemm=True, onednn=True)   # how many linears were prepared
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nanoserve.cpu import small_gemm as small_m
+from nanoserve.cpu.huge_pages import place
+from nanoserve.layers.linear import PLAIN, Linear, LinearMethod
+from nanoserve.layers.linear_onednn import OneDNNLinear
+from nanoserve.layers.linear_small_m import SmallMLinear
+
+LINEAR_METHODS: dict[str, type[LinearMethod]] = {  # name -> class
+    LinearMethod.name: LinearMethod,  # F.linear on the weight as loaded
+    OneDNNLinear.name: OneDNNLinear,  # oneDNN's packed layout
+    SmallMLinear.name: SmallMLinear,  # the small-M kernel, with one of the others beyond it
+}
+
+
+def linears(model: nn.Module) -> list[Linear]:
+    """The model's linear layers, in module order (the LM head last)."""
+    return [m for m in model.modules() if isinstance(m, Linear)]
+
+
+def small_copies(model: nn.Module) -> list[SmallMLinear]:
+    """The methods that hold a small-M copy of their layer's weight, in module order."""
+    return [m.method for m in linears(model) if isinstance(m.method, SmallMLinear)]
+
+
+def prepack_model(model: nn.Module, small_gemm: bool = False, onednn: bool = True) -> int:
+    """Give every linear of ``model`` (the LM head included; a tied head packs its own copy of
+    the embedding) its method: with ``onednn`` oneDNN's packed weight; with ``small_gemm`` (the
+    C++ ops loaded) also the small-M kernel, on every shape where ``small_gemm.choose`` timed it
+    faster than the linear it would otherwise run (oneDNN's packed one, or ``F.linear`` without
+    ``onednn``). Without ``onednn`` a shape the small kernel does not take stays plain. Sets
+    ``model.huge_pages``; returns how many linears were prepared."""
+    layers = linears(model)
+    if any(m.method is not PLAIN for m in layers):
+        raise ValueError("this model's weights are already packed")
+    if not (onednn or small_gemm):
+        raise ValueError("prepack_model: nothing to pack (neither onednn nor small_gemm)")
+    against = "onednn" if onednn else "linear"
+    chosen: dict[tuple[tuple[int, int], torch.dtype], int] = {}
+    count = 0
+    for m in layers:
+        key = (tuple(m.weight.shape), m.weight.dtype)
+        if small_gemm and key not in chosen:  # 0 for a dtype without a kernel
+            chosen[key] = small_gemm_rows(m.weight, against)
+        rows = chosen.get(key, 0)
+        if not (onednn or rows):
+            continue
+        large = OneDNNLinear(m.weight, m.bias) if onednn else None
+        m.method = SmallMLinear(m.weight, m.bias, rows, large) if rows else large
+        count += 1
+    _small_on_huge_pages(model)
+    return count
+
+
+def small_gemm_rows(weight: torch.Tensor, against: str) -> int:
+    """The largest batch the small-M kernel takes for this weight (0: none), as timed here."""
+    return small_m.choose(*weight.shape, weight.dtype, against)
+
+
+def _small_on_huge_pages(model: nn.Module) -> None:
+    """Move every small-M copy into one mapping on 2 MiB pages, which the decode step streams;
+    ``model.huge_pages`` says what the kernel granted, or why not."""
+    owners = small_copies(model)
+    views, model.huge_pages = place([m.small for m in owners])
+    for m, view in zip(owners, views, strict=True):
+        m.small = view

@@ -1,0 +1,40 @@
+"""The model registry: a checkpoint's ``architectures`` name the family that builds it.
+
+Why this module exists: a Hugging Face ``config.json`` says which class wrote it
+(``"architectures": ["LlamaForCausalLM"]``), and that, not a guess from its shapes, decides which
+forward serves it. Each family is one module under ``nanoserve/model/`` and one line here; a
+checkpoint of any other architecture is refused before a byte of it is read, with the list of
+the ones that are served.
+
+>>> from nanoserve.config import ModelConfig
+>>> cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "vocab_size": 32,
+...     "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+...     "num_attention_heads": 4})
+>>> model_class(cfg).__name__
+'Llama'
+"""
+
+from __future__ import annotations
+
+from nanoserve.config import ModelConfig
+from nanoserve.model.llama import Llama
+
+MODEL_FAMILIES: dict[str, type] = {  # a config's architectures entry -> the family's class
+    "LlamaForCausalLM": Llama,  # Llama 3.x, SmolLM2, TinyLlama, nanoserve-tiny
+}
+
+
+def model_class(cfg: ModelConfig) -> type:
+    """The class that serves ``cfg``: its first registered architecture, or a family whose
+    ``model_type`` it names where the config lists no architecture; else a ``ValueError``
+    naming what is supported."""
+    for arch in cfg.architectures:
+        if arch in MODEL_FAMILIES:
+            return MODEL_FAMILIES[arch]
+    if not cfg.architectures:
+        for cls in MODEL_FAMILIES.values():
+            if cls.model_type == cfg.model_type:
+                return cls
+    served = ", ".join(f"{cls.__name__} ({arch})" for arch, cls in MODEL_FAMILIES.items())
+    raise ValueError(f"config.json: model_type={cfg.model_type!r}, architectures="
+                     f"{list(cfg.architectures)!r}; nanoserve supports only {served}")
