@@ -40,7 +40,9 @@ import torch
 
 from nanoserve.config import EngineConfig
 from nanoserve.cpu.threads import bind
-from nanoserve.engine.core import CoreSnapshot, EngineCore, RequestDelta
+from nanoserve.engine.core import EngineCore
+from nanoserve.engine.outputs import CoreSnapshot, RequestDelta
+from nanoserve.loader import load_core
 from nanoserve.sampling.params import SamplingParams
 from nanoserve.validation import InvalidRequest
 
@@ -67,7 +69,7 @@ class AsyncLLM:
                                         or not isinstance(max_waiting, int) or max_waiting < 0):
             raise ValueError(f"max_waiting must be an int >= 0, got {max_waiting!r}")
         if isinstance(engine, EngineConfig):
-            engine = EngineCore.from_config(engine)
+            engine = load_core(engine)
         elif not isinstance(engine, EngineCore):
             raise TypeError(f"AsyncLLM takes an EngineConfig or an EngineCore, not "
                             f"{type(engine).__name__} (build it with AsyncLLM.from_options)")
@@ -149,8 +151,7 @@ class AsyncLLM:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self.core.loaded is not None:  # tensor-parallel workers stop with the engine
-            self.core.loaded.engine.close()
+        self.core.close()  # tensor-parallel workers stop with the engine
 
     # ------------------------------------------------------------------ requests
 
@@ -169,7 +170,7 @@ class AsyncLLM:
 
     @property
     def num_preemptions(self) -> int:
-        return self.core.scheduler.preemptions
+        return self.core.snapshot().num_preemptions
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestDelta]:
@@ -255,7 +256,7 @@ class AsyncLLM:
                         self.drain_checks += 1
                 # Stopping: a request that finished in the last step holds its blocks until
                 # the next schedule(), which will not come now.
-                self.core.scheduler.release_finished()
+                self.core.release_finished()
         except BaseException as e:  # noqa: BLE001 - every waiting stream must hear of it
             self.error = e
             dead = EngineDead(f"the engine thread died: {type(e).__name__}: {e}")

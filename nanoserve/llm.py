@@ -11,33 +11,34 @@ last token. Blocks are bought a step at a time (``allocation="incremental"``, Da
 pool runs dry the youngest running request is preempted and later resumes by recompute, which
 never changes its text. ``allocation="reserve"`` keeps Week 8's worst-case reservation.
 
-The baselines stay available as policies, so each day's behaviour can be measured again:
-``batching="static"`` (Day 29) runs waves of up to ``max_num_seqs`` requests until the wave's
-last member is done, computing and holding every finished row until then; and
-``enable_kv_cache=False`` (Day 4) recomputes the whole sequence for every token. ``stats`` and
-each output's ``metrics`` and ``finish_iteration`` record what each way costs.
+The baselines stay available as policies of the same core, so each day's behaviour can be
+measured again: ``batching="static"`` (Day 29, ``engine/waves.py``) runs waves of up to
+``max_num_seqs`` requests until the wave's last member is done, computing and holding every
+finished row until then; and ``enable_kv_cache=False`` (Day 4) recomputes the whole sequence for
+every token. ``stats`` and each output's ``metrics`` and ``finish_iteration`` record what each way
+costs.
 
-Since Day 36 the continuous path runs over the long-lived ``EngineCore`` (``core.py``): one
-scheduler for the LLM's whole life, and ``generate`` adds its requests and steps the core until it
-is drained, then asserts that every block and slot is back. ``AsyncLLM`` is this class's sibling
-over its own core; both take the options of ``EngineConfig`` (``config/engine.py``), which holds
-every default and every check.
+Every path runs over the long-lived ``EngineCore`` (Day 36, ``engine/core.py``): one scheduler for
+the LLM's whole life, and ``generate`` adds its requests and steps the core until it is drained,
+then asserts that every block and slot is back. It reaches the core through its public methods
+and its ``snapshot()`` only. ``AsyncLLM`` is this class's sibling over its own core; both take the
+options of ``EngineConfig`` (``config/engine.py``), which holds every default and every check.
 
 How a step is computed is chosen too, each fast path beside the plain one it replaces:
 ``prefill="packed"`` (default) or ``"padded"`` (Day 27); ``attention="cpu"`` (Day 55's C++ kernel,
 what ``"auto"`` picks where the C++ ops load), ``"gathered"`` (Day 50, auto's choice elsewhere) or
 ``"reference"`` (Day 28's rectangle); ``kernels="auto"`` runs the forward through the C++ CPU ops
-(Day 54, ``fused.py``), and ``llm.kernels`` and ``llm.kernels_reason`` say whether and why;
+(Day 54, ``cpu/fused.py``), and ``llm.kernels`` and ``llm.kernels_reason`` say whether and why;
 ``compile=True`` for a decode forward through ``torch.compile`` (Day 49; off by default, its
 warm-up in ``engine.compiled.warmup_s``, its graphs counted in ``engine.compiled.compiles``).
 ``dtype="auto"`` on a CPU is whichever of bfloat16 and float32 runs the model's linears faster
-on this processor, timed once at load and cached per CPU model (``auto_dtype.py``);
+on this processor, timed once at load and cached per CPU model (``cpu/auto_dtype.py``);
 ``llm.dtype`` and ``llm.dtype_reason`` say which and quote the measurement, and so does a log
 line. Logits reach the sampler in float32 either way. ``prepack="auto"`` reorders every linear
 weight once, at load, into oneDNN's blocked layout when the model is bf16 on a CPU (bit-identical
 to ``F.linear`` there, and faster at decode sizes), and in float32 where a measurement at load
 found it faster than ``F.linear``; ``llm.prepacked`` and ``llm.prepack_reason`` say what was
-chosen and why (``prepack.py``).
+chosen and why (``layers/linear_methods.py``).
 
 A reply ends by the first rule that fires, checked in this order after every token: an EOS id
 (unless ``ignore_eos``), a ``stop_token_ids`` id, a ``stop`` string (the text is cut before it),
@@ -46,19 +47,17 @@ all "stop"; then the ``max_tokens`` budget, then the end of the context, both "l
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 
 from nanoserve.config import DEFAULT_MODEL, EngineConfig
 from nanoserve.cpu.threads import pinned
-from nanoserve.engine.core import EngineCore
-from nanoserve.engine.request import Request, RequestMetrics, RequestState
+from nanoserve.engine.outputs import CoreSnapshot
+from nanoserve.engine.request import Request, RequestMetrics
+from nanoserve.loader import load_core
 from nanoserve.sampling.params import SamplingParams
-from nanoserve.sampling.sampler import sample_requests
 from nanoserve.validation import InvalidRequest
 
 __all__ = ["DEFAULT_MODEL", "LLM", "RequestOutput", "Stats"]
@@ -84,6 +83,10 @@ class RequestOutput:
         return cls(r.request_id, prompt, r.prompt_token_ids, r.output_token_ids, r.text,
                    r.finish_reason, r.stop_reason, r.metrics, r.finish_iteration,
                    r.num_preemptions, list(r.logprobs) if wanted else None)
+
+
+# Stats fields read off the core's snapshot, by the snapshot's name where it differs.
+_SNAPSHOT_NAMES = {"preemptions": "num_preemptions"}
 
 
 @dataclass(slots=True)
@@ -112,6 +115,14 @@ class Stats:
         """Replayed decode steps over all decode steps (0 when there were none)."""
         return self.decode_steps_replayed / self.decode_steps if self.decode_steps else 0.0
 
+    def add(self, before: CoreSnapshot, after: CoreSnapshot) -> None:
+        """Count what the core did between two snapshots (the counters a snapshot holds)."""
+        for f in fields(self):
+            name = _SNAPSHOT_NAMES.get(f.name, f.name)
+            if name in CoreSnapshot.__dataclass_fields__:
+                setattr(self, f.name, getattr(self, f.name) + getattr(after, name) -
+                        getattr(before, name))
+
 
 class LLM:
     """The offline front door. ``LLM(model, **options)`` takes ``EngineConfig``'s field names
@@ -137,7 +148,7 @@ class LLM:
             run_external(config.device, config.distributed_timeout_s)  # until rank 0 stops
             self.core = None
             return
-        self.core = EngineCore.from_config(config)
+        self.core = load_core(config)
         loaded = self.core.loaded
         self.config = loaded.model_config  # the checkpoint's shapes (ModelConfig)
         self.tokenizer, self.model, self.engine = loaded.tokenizer, loaded.model, loaded.engine
@@ -148,7 +159,7 @@ class LLM:
         self.attention = loaded.attention  # what attention="auto" chose
         self.binding = loaded.binding  # the CPUs generate's threads run on (threads.py)
         self.eos_token_ids, self.max_model_len = loaded.eos_token_ids, loaded.max_model_len
-        self.batching, self.allocation = config.batching, config.allocation
+        self.batching, self.allocation = config.batching, config.allocation_policy
         self.max_num_seqs, self.enable_kv_cache = config.max_num_seqs, config.enable_kv_cache
         self.cuda_graphs, self.compact_rows = config.cuda_graphs, config.persistent_batch
         self.stats = Stats()
@@ -163,7 +174,7 @@ class LLM:
         """Stop what the engine runs outside this process (tensor-parallel workers). Idempotent;
         also at the end of a ``with LLM(...)`` block and at the interpreter's exit."""
         if self.core is not None:
-            self.core.loaded.engine.close()
+            self.core.close()
 
     def __enter__(self) -> LLM:
         return self
@@ -183,8 +194,11 @@ class LLM:
             return prompt, self.tokenizer.encode(prompt)
         return None, [int(t) for t in prompt]
 
-    def _admit(self, prompts, sampling_params) -> tuple[list[Request], list[str | None]]:
-        """Validate everything first: a bad request anywhere means no work starts."""
+    def make_requests(self, prompts, sampling_params=None
+                      ) -> tuple[list[Request], list[str | None]]:
+        """Check every prompt and its parameters and make their requests, changing nothing:
+        a bad request anywhere means no work starts. Returns the requests and the prompts'
+        texts (None for token ids)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not prompts:
@@ -212,120 +226,20 @@ class LLM:
         if self.worker_rank:
             raise RuntimeError(f"this process is tensor-parallel rank {self.worker_rank}, a "
                                f"worker: only rank 0 generates (check llm.is_driver)")
-        reqs, texts = self._admit(prompts, sampling_params)
-        e = self.engine
-        before = (e.forward_passes, e.row_steps, e.tokens_computed, e.positions_computed)
-        rc = e.replay_counters
-        replay_before = (rc.decode_steps, rc.replayed)
+        reqs, texts = self.make_requests(prompts, sampling_params)
+        core, before = self.core, self.core.snapshot()
         with torch.inference_mode(), pinned(self.binding):
-            if not self.enable_kv_cache:
-                for r in reqs:
-                    self._run_uncached(r)
-            elif self.batching == "static":
-                self._run_static(reqs)
-            else:
-                self._run_continuous(reqs)
-        self.stats.forward_passes += e.forward_passes - before[0]
-        self.stats.row_steps += e.row_steps - before[1]
-        self.stats.tokens_computed += e.tokens_computed - before[2]
-        self.stats.positions_computed += e.positions_computed - before[3]
-        steps, replayed = rc.decode_steps - replay_before[0], rc.replayed - replay_before[1]
-        self.stats.decode_steps += steps
-        self.stats.decode_steps_replayed += replayed
-        self.stats.decode_steps_scattered += steps - replayed
+            for r in reqs:
+                core.add(r)
+            core.run_to_completion()
+        self.stats.add(before, core.snapshot())
+        for r in reqs:  # the iteration of this call that produced its last token (1-based)
+            if r.finish_iteration is not None:
+                r.finish_iteration -= before.iterations
         self.stats.generated_tokens += sum(len(r.output_token_ids) for r in reqs)
-        self.core.check_drained()
+        core.check_drained()
         failed = [r for r in reqs if r.finish_reason == "error"]
         if failed:  # the offline API has no one to hand a half answer to: say so, loudly
             raise RuntimeError(f"{len(failed)} of {len(reqs)} requests failed: a forward raised "
                                f"during their step (every block is back in the pool)")
         return [RequestOutput.of(r, text) for r, text in zip(reqs, texts, strict=True)]
-
-    def _run_continuous(self, reqs: list[Request], each_iteration=None) -> None:
-        """Continuous batching (Day 31) over the engine core (Day 36): add every request, then
-        step until the core is drained. ``each_iteration(scheduler, iteration)``, if given, runs
-        before every step (the stress test aborts requests and checks invariants there)."""
-        core, sched = self.core, self.core.scheduler
-        pool = core.engine.allocator
-        before = (core.counters.iterations, sched.preemptions, sched.recomputed_tokens,
-                  sched.prefix_cache_queries, sched.prefix_cache_hits, pool.evictions)
-        for r in reqs:
-            core.add(r)
-        core.run_to_completion(each_iteration)
-        for r in reqs:  # the iteration of this call that produced its last token (1-based)
-            if r.finish_iteration is not None:
-                r.finish_iteration -= before[0]
-        self.stats.iterations += core.counters.iterations - before[0]
-        self.stats.preemptions += sched.preemptions - before[1]
-        self.stats.recomputed_tokens += sched.recomputed_tokens - before[2]
-        self.stats.prefix_cache_queries += sched.prefix_cache_queries - before[3]
-        self.stats.prefix_cache_hits += sched.prefix_cache_hits - before[4]
-        self.stats.prefix_cache_evictions += pool.evictions - before[5]
-
-    def _next_wave(self, pending: deque[Request]) -> list[Request]:
-        """Arrival order, up to max_num_seqs, while every member's worst case fits the pool."""
-        pool, wave, need = self.engine.allocator, [], 0
-        while pending and len(wave) < self.max_num_seqs:
-            blocks = pool.blocks_for_length(pending[0].worst_case_tokens)
-            if need + blocks > pool.num_free:
-                break
-            need += blocks
-            wave.append(pending.popleft())
-        return wave
-
-    def _run_static(self, reqs: list[Request]) -> None:
-        """Static batches (Day 29): a wave runs until its last member is done; finished rows
-        are held (still computed, still holding blocks) and handed back at the wave's end."""
-        e, pending, iteration = self.engine, deque(reqs), 0
-        while pending:
-            wave = self._next_wave(pending)
-            rows = list(range(len(wave)))
-            for row, r in zip(rows, wave, strict=True):
-                r.slot = row
-                r.transition(RequestState.RUNNING)
-                e.grant(row, r.worst_case_tokens)
-            try:
-                logits = e.prefill(rows, [r.prompt_token_ids for r in wave])
-                done = set()
-                while True:
-                    iteration += 1
-                    for row, r, tok in zip(rows, wave, self._sample(logits, wave), strict=True):
-                        if row in done:
-                            continue
-                        if r.append_token(tok):
-                            done.add(row)
-                            r.finish_iteration = iteration
-                    if len(done) == len(wave):
-                        break
-                    last = [r.output_token_ids[-1] for r in wave]
-                    logits = e.decode(rows, last, hold=frozenset(done))
-            finally:
-                for row in rows:
-                    e.release(row)
-            now = time.perf_counter()
-            for r in wave:
-                r.metrics.finished_time = now
-        self.stats.iterations += iteration
-
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
-        return sample_requests(logits, reqs)
-
-    def _run_uncached(self, r: Request) -> None:
-        """Day 4: no cache, one sequence, the whole sequence recomputed for each new token."""
-        e, iteration = self.engine, 0
-        r.transition(RequestState.RUNNING)
-        while True:
-            seq = r.token_ids
-            x = torch.tensor([seq], device=self.device)  # (1, T)
-            h = self.model(x, torch.arange(len(seq), device=self.device)[None])  # (1, T, E)
-            e.forward_passes += 1
-            e.row_steps += 1
-            e.tokens_computed += len(seq)
-            e.positions_computed += len(seq)
-            iteration += 1
-            tok = self._sample(self.model.compute_logits(h[:, -1]), [r])[0]
-            if r.append_token(tok):
-                break
-        r.finish_iteration = iteration
-        r.metrics.finished_time = time.perf_counter()
-        self.stats.iterations += iteration

@@ -1,12 +1,15 @@
-"""``load_engine``: an ``EngineConfig`` made real (checkpoint, tokenizer, weights, cache, engine).
+"""``load_core``: an ``EngineConfig`` made real (checkpoint, tokenizer, weights, engine, core).
 
 Why this module exists: both front doors (``LLM`` offline, ``AsyncLLM`` for serving) stand on
 the same engine core, and the core stands on what a config asks for. Loading it in one function
 means the two doors cannot differ in how a dtype is chosen, whether weights are packed, or how
-large the KV pool is. It reads ``config.json`` (``ModelConfig``), settles ``max_model_len``
-against the model, loads the tokenizer and the weights, says which dtype ``"auto"`` chose and why,
-pre-packs the linears where that pays, turns the C++ CPU ops on where they load (``csrc/``; an
-unset ``attention`` then reads through their kernel), sizes the pool, and builds the ``Engine``.
+large the KV pool is. It reads ``config.json`` (``ModelConfig``) and finds the model's family
+(``nanoserve.model.registry``), settles ``max_model_len`` against the model, loads the tokenizer
+and the weights, says which dtype ``"auto"`` chose and why, pre-packs the linears where that
+pays, turns the C++ CPU ops on where they load (an unset ``attention`` then reads through their
+kernel), chooses the attention backend, sizes the pool, builds the ``Engine`` (on one rank, or
+on every rank of a tensor-parallel group, ``nanoserve.tp``) and the core over it, whose
+scheduler owns the pool's bookkeeping.
 
 Without ``num_kv_blocks`` the pool holds ``max_num_seqs`` full-length sequences, capped at
 ``DEFAULT_KV_BYTES`` (1 GiB).
@@ -26,8 +29,10 @@ from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.cpu.csrc import resolve as resolve_kernels
 from nanoserve.cpu.onednn import resolve as resolve_prepack
 from nanoserve.cpu.threads import Binding, plan
+from nanoserve.engine.core import EngineCore
 from nanoserve.engine.engine import Engine
 from nanoserve.model.prepare import prepare_model
+from nanoserve.model.registry import model_class
 from nanoserve.model.weights import choose_dtype, load_model
 from nanoserve.tokenizer import Tokenizer
 
@@ -55,6 +60,7 @@ class LoadedEngine:
     max_model_len: int
     engine: Engine
     binding: Binding  # the CPUs the forward threads are pinned to (threads.py)
+    num_kv_blocks: int
 
 
 def default_num_kv_blocks(mc: ModelConfig, max_num_seqs: int, max_model_len: int,
@@ -71,6 +77,7 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     ``tensor_parallel_size`` > 1, on every rank from the same decisions (``tp/``)."""
     attention_selector.prepare_process(cfg.attention)  # Triton's mode, before the model build
     mc = ModelConfig.from_dir(cfg.model)
+    model_class(mc)  # an architecture nobody serves is refused before anything is read
     max_model_len = cfg.resolve_max_model_len(mc.max_position_embeddings)
     tp = cfg.tensor_parallel_size
     if tp > 1:  # a shape that cannot be split is refused before a worker starts
@@ -109,7 +116,7 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
                      max_num_seqs=cfg.max_num_seqs, max_model_len=max_model_len,
                      fail_on_step=list(cfg.fail_on_step), prefill=cfg.prefill,
                      attention=attention, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs,
-                     prefix_caching=cfg.enable_prefix_caching)
+                     kv_cache=cfg.enable_kv_cache)
     if tp > 1:
         from nanoserve.tp.executor import start_rank0
         from nanoserve.tp.rank import RankSpec
@@ -129,7 +136,18 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
         engine = Engine(model, **engine_kw)
     return LoadedEngine(cfg, mc, tokenizer, model, device, dtype, why, prepacked, prepack_why,
                         kernels, kernels_why, attention, frozenset(eos or mc.eos_token_ids),
-                        max_model_len, engine, binding)
+                        max_model_len, engine, binding, num_kv_blocks)
+
+
+def load_core(cfg: EngineConfig) -> EngineCore:
+    """Load what ``cfg`` names and build the engine core over it (``core.loaded`` records
+    what was loaded and why)."""
+    loaded = load_engine(cfg)
+    core = EngineCore(loaded.engine, cfg, loaded.num_kv_blocks, loaded.tokenizer,
+                      loaded.eos_token_ids, loaded.max_model_len,
+                      loaded.model_config.vocab_size)
+    core.loaded = loaded
+    return core
 
 
 def _local_ranks(cfg: EngineConfig) -> tuple[int, int]:

@@ -7,9 +7,9 @@ and the offending value, so the server answers a 400 whose ``param`` comes from 
 never from reading the message, and rewording a message cannot change the API.
 
 ``check_prompt_ids`` is the one door check on a prompt: not empty, every id inside the
-vocabulary, and one position left for generation within ``max_model_len``. ``door_check`` is
-the one check against the pool: a request whose worst case exceeds the whole empty pool could
-never run, and waiting for it would hang.
+vocabulary, and one position left for generation within ``max_model_len``. The one check
+against the pool (a request whose worst case exceeds the whole empty pool could never run, and
+waiting for it would hang) is the KV manager's (``KVCacheManager.check_fits``).
 
 >>> check_prompt_ids([1, 2, 3], vocab_size=32, max_model_len=8)
 >>> try:
@@ -20,12 +20,6 @@ prompt 40 | prompt 0: token id 40 is outside the vocabulary (vocab_size=32)
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from nanoserve.engine.block_allocator import BlockAllocator
-    from nanoserve.engine.request import Request
 
 
 class InvalidRequest(ValueError):
@@ -53,16 +47,3 @@ def check_prompt_ids(ids: list[int], vocab_size: int, max_model_len: int,
                              f"and generation needs one free position: this model's maximum "
                              f"context length is {max_model_len} tokens, so reduce the length "
                              f"of the input", param, len(ids))
-
-
-def door_check(allocator: BlockAllocator, request: Request, who: str) -> None:
-    """Refuse a request whose worst case exceeds the whole empty pool: it could never run, and
-    waiting for it would hang. Under incremental allocation it is also what guarantees that a
-    request left alone in the pool always fits."""
-    need = allocator.blocks_for_length(request.worst_case_tokens)
-    if need > allocator.num_blocks:
-        raise InvalidRequest(
-            f"{who}: prompt + max_tokens = {request.worst_case_tokens} tokens need {need} KV "
-            f"blocks; the pool has {allocator.num_blocks} of {allocator.block_size} tokens, so "
-            f"it could never run (raise num_kv_blocks or lower max_tokens)", "max_tokens",
-            request.worst_case_tokens)

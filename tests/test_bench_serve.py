@@ -445,7 +445,7 @@ def test_engine_flags_reach_the_started_server_as_its_own():
     add_arguments(bench)
     serve.add_arguments(server)
     argv = ["--dtype", "float32", "--max-num-seqs", "4", "--cuda-graphs", "--no-persistent-batch",
-            "--prepack", "off", "--no-kv-cache", "--num-gpu-blocks-override", "64",
+            "--prepack", "off", "--no-enable-chunked-prefill", "--num-gpu-blocks-override", "64",
             "--fail-on-step", "3", "5"]
     args = bench.parse_args(["--rates", "inf", *argv])
     passed = engine_argv(engine_options_set(args))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.config import ConfigError, EngineConfig
-from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request, RequestState
 from nanoserve.engine.scheduler import Scheduler
 
@@ -111,7 +111,7 @@ def emit(out) -> None:
 
 
 def test_decodes_first_then_prompts_first_come_first_served_the_last_cut():
-    s = Scheduler(BlockAllocator(64, 4), 4, allocation="incremental",
+    s = Scheduler(KVCacheManager(64, 4), 4, allocation="incremental",
                   max_num_batched_tokens=10)
     a, b = request(0, 3), request(1, 3)
     s.add(a)
@@ -133,7 +133,7 @@ def test_decodes_first_then_prompts_first_come_first_served_the_last_cut():
 
 
 def test_without_chunking_a_prompt_waits_whole_for_the_budget():
-    s = Scheduler(BlockAllocator(64, 4), 4, allocation="incremental",
+    s = Scheduler(KVCacheManager(64, 4), 4, allocation="incremental",
                   max_num_batched_tokens=10, chunked_prefill=False)
     a, b = request(0, 6), request(1, 6)
     s.add(a)
@@ -188,7 +188,7 @@ def test_a_budget_below_max_num_seqs_is_refused_naming_both():
     with pytest.raises(ConfigError, match="max_num_batched_tokens=4 is below max_num_seqs=8"):
         EngineConfig(max_num_batched_tokens=4, max_num_seqs=8)
     with pytest.raises(ValueError, match="max_num_seqs"):
-        Scheduler(BlockAllocator(8, 4), 8, max_num_batched_tokens=4)
+        Scheduler(KVCacheManager(8, 4), 8, max_num_batched_tokens=4)
 
 
 def test_without_chunking_the_budget_must_hold_the_longest_prompt():
@@ -213,7 +213,7 @@ def test_the_flags_are_vllms():
 def test_without_chunking_a_scheduler_refuses_what_could_never_fit_whole():
     from nanoserve.validation import InvalidRequest
 
-    s = Scheduler(BlockAllocator(64, 4), 4, max_num_batched_tokens=8, chunked_prefill=False)
+    s = Scheduler(KVCacheManager(64, 4), 4, max_num_batched_tokens=8, chunked_prefill=False)
     with pytest.raises(InvalidRequest, match="past the step budget of 8") as e:
         s.add(request(0, 10))
     assert e.value.param == "max_tokens" and not s.waiting

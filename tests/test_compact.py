@@ -30,7 +30,6 @@ from nanoserve.bench.gates import (
     check_moves_minimal,
     rows_before,
 )
-from nanoserve.engine.block_allocator import BlockAllocator
 from nanoserve.engine.compact import (
     COMPACTION_MODES,
     RowCompactor,
@@ -42,6 +41,7 @@ from nanoserve.engine.compact import (
     plan_compaction,
     strays,
 )
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request
 from nanoserve.engine.scheduler import Scheduler
 
@@ -375,7 +375,7 @@ def test_a_newcomer_in_the_row_left_behind_reads_only_its_own_context():
 # ------------------------------------------------------------------ the scheduler with compact_rows
 
 def make(slots=4, blocks=64, block_size=4, compact=True, compactor=None, **kw):
-    s = Scheduler(BlockAllocator(blocks, block_size), slots, allocation="incremental",
+    s = Scheduler(KVCacheManager(blocks, block_size), slots, allocation="incremental",
                   compact_rows=compact, **kw)
     if compactor is not None:
         s.compactor = compactor
@@ -408,7 +408,7 @@ def drive(s, reqs, abort_at=None, rnd=None):
         for r in out.admitted + out.decode:
             r.append_token(5)
         s.check_invariants()
-    assert s.allocator.num_free == s.allocator.num_blocks
+    assert s.kv_cache_manager.num_free == s.kv_cache_manager.num_blocks
     return records, who
 
 
@@ -417,7 +417,7 @@ def workload(wants, prompt_len=3):
 
 
 def test_compaction_is_off_by_default_and_nothing_ever_moves():
-    s = Scheduler(BlockAllocator(64, 4), 4, allocation="incremental")
+    s = Scheduler(KVCacheManager(64, 4), 4, allocation="incremental")
     assert s.compact_rows is False and s.compactor.mode == "free"
     reqs = workload([2, 9, 3, 12, 4, 7])
     for r in reqs:

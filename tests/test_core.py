@@ -80,7 +80,7 @@ def test_duplicate_live_id_and_bad_requests_are_refused(llm):
 
 
 def test_abort_returns_blocks_at_once_and_is_reported_once(llm):
-    core, pool = llm.core, llm.engine.allocator
+    core, pool = llm.core, llm.core.scheduler.kv_cache_manager
     params = SamplingParams(max_tokens=40, **GREEDY)
     core.add_request("a", [3] * 9, params)
     core.add_request("b", [4] * 9, params)

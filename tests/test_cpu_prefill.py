@@ -98,7 +98,8 @@ def test_the_engine_reads_fresh_prompts_through_the_kernel_and_no_token_moves(mo
         assert sum(calls) == layers * sum(map(len, prompts))
     else:  # a first chunk of each prompt, at least
         assert len(calls) >= layers and sum(calls) >= layers * len(prompts)
-    assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks
+    kv = llm.core.scheduler.kv_cache_manager
+    assert kv.num_free == kv.num_blocks
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])

@@ -12,7 +12,7 @@ import pytest
 
 from chapters.day45_prefix_measured.snapshot.workload import cached_tokens, prefix_repetition
 from nanoserve.bench.workload import prefix_repetition_requests, sample_requests
-from nanoserve.engine.prefix_cache import CachingBlockAllocator
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request
 from nanoserve.engine.scheduler import Scheduler
 
@@ -34,7 +34,8 @@ def test_package_generator_equals_the_frozen_one(args):
 
 def _live_hits(prompts: list[list[int]], block_size: int, warm: list[list[int]]) -> int:
     """Hits the package's scheduler counts, each prompt admitted and finished alone."""
-    s = Scheduler(CachingBlockAllocator(4096, block_size), 1, allocation="incremental")
+    s = Scheduler(KVCacheManager(4096, block_size, prefix_caching=True), 1,
+                  allocation="incremental")
     hits = 0
     for i, ids in enumerate([*warm, *prompts]):
         before = s.prefix_cache_hits

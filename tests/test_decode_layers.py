@@ -47,7 +47,8 @@ def _run(llm, loop: bool, monkeypatch) -> tuple[list, list, int, int]:
                         else (lambda *a: None))
     tokens = [o.token_ids for o in llm.generate(PROMPTS, [PARAMS] * len(PROMPTS))]
     monkeypatch.setattr(fused, "_decode_layers", real_loop)
-    assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks
+    kv = llm.core.scheduler.kv_cache_manager
+    assert kv.num_free == kv.num_blocks
     ran = sum(c is not None for c in calls)
     return tokens, logits, ran, len(calls) - ran
 

@@ -29,7 +29,8 @@ REFERENCE = dict(kernels=False, attention="reference")
 def tokens(model=None, **kw):
     llm = LLM(model, **{**KW, **kw}) if model else LLM(**{**KW, **kw})
     out = [o.token_ids for o in llm.generate(PROMPTS, PARAMS)]
-    assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks
+    kv = llm.core.scheduler.kv_cache_manager
+    assert kv.num_free == kv.num_blocks
     return llm, out
 
 

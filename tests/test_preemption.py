@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.bench.schedbench import run_scheduled
-from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request, RequestState
 from nanoserve.engine.scheduler import Scheduler
 
@@ -24,7 +24,7 @@ def req(i, prompt_len=5, max_tokens=24):
 
 
 def inc(num_blocks, slots=4, block_size=4, **kw):
-    return Scheduler(BlockAllocator(num_blocks, block_size), slots, allocation="incremental",
+    return Scheduler(KVCacheManager(num_blocks, block_size), slots, allocation="incremental",
                      **kw)
 
 
@@ -60,7 +60,7 @@ def test_a_running_request_needs_one_block_only_at_a_boundary():
 
 
 def test_reserve_policy_needs_the_worst_case_then_nothing():
-    s = Scheduler(BlockAllocator(64, 4), 4, allocation="reserve")
+    s = Scheduler(KVCacheManager(64, 4), 4, allocation="reserve")
     r = req(0, prompt_len=5, max_tokens=24)
     s.add(r)
     assert s.blocks_needed_for(r) == 8
@@ -76,7 +76,8 @@ def test_a_preempted_request_needs_prompt_plus_generated():
     while b.num_preemptions == 0:
         step(s)
     assert b.state is W and b.num_preemptions == 1 and len(b.output_token_ids) == 5
-    assert s.blocks_needed_for(b) == s.allocator.blocks_for_length(4 + len(b.output_token_ids))
+    kv = s.kv_cache_manager
+    assert s.blocks_needed_for(b) == kv.blocks_for_length(4 + len(b.output_token_ids))
 
 
 def test_reservation_waste_is_zero_under_incremental():
@@ -139,7 +140,7 @@ def test_crossing_a_boundary_on_the_step_the_pool_runs_dry():
     s.add(b)
     step(s)  # 1 + 1 blocks held, 2 free, both at 5 tokens
     out = s.schedule()  # both cross at once: exactly the 2 free blocks
-    assert not out.preempted and s.allocator.num_free == 0
+    assert not out.preempted and s.kv_cache_manager.num_free == 0
     for r in out.decode:
         r.append_token(5)
     for _ in range(3):
@@ -179,7 +180,7 @@ def test_drain_returns_every_block_under_pressure():
     while s.has_unfinished():
         step(s)
     assert all(r.state is F for r in reqs)
-    assert s.allocator.num_free == 7 and s.preemptions > 0
+    assert s.kv_cache_manager.num_free == 7 and s.preemptions > 0
 
 
 # ------------------------------------------------------------------ the log's table
@@ -220,7 +221,7 @@ def test_cramped_engine_gives_the_roomy_engines_tokens(hf_checkpoint, which):
     assert a == b
     assert roomy.stats.preemptions == 0
     assert cramped.stats.preemptions > 0 and cramped.stats.recomputed_tokens > 0
-    pool = cramped.engine.allocator
+    pool = cramped.core.scheduler.kv_cache_manager
     assert pool.num_free == pool.num_blocks
 
 
@@ -309,11 +310,11 @@ def test_aborting_a_preempted_request():
     assert b.finish_reason == "abort" and b.blocks == [] and b not in s.waiting
     while s.has_unfinished():
         step(s)
-    assert s.allocator.num_free == 4
+    assert s.kv_cache_manager.num_free == 4
 
 
 def test_reserve_never_preempts_it_waits():
-    s = Scheduler(BlockAllocator(8, 4), 4, allocation="reserve")
+    s = Scheduler(KVCacheManager(8, 4), 4, allocation="reserve")
     reqs = [req(i, 4, 12) for i in range(4)]
     for r in reqs:
         s.add(r)
@@ -324,7 +325,7 @@ def test_reserve_never_preempts_it_waits():
 
 def test_incremental_runs_more_rows_at_once_than_reserve():
     def peak(policy):
-        s = Scheduler(BlockAllocator(24, 4), 4, allocation=policy)
+        s = Scheduler(KVCacheManager(24, 4), 4, allocation=policy)
         for i in range(4):
             s.add(req(i, 5, 24))
         most = 0
@@ -368,7 +369,7 @@ def test_random_incremental_workloads(slots, num_blocks, wants):
     reqs = []
     for i, (p, m) in enumerate(wants):
         r = req(i, p, m)
-        if s.allocator.blocks_for_length(r.worst_case_tokens) <= num_blocks:
+        if s.kv_cache_manager.blocks_for_length(r.worst_case_tokens) <= num_blocks:
             s.add(r)
             reqs.append(r)
     while s.has_unfinished():
@@ -378,7 +379,7 @@ def test_random_incremental_workloads(slots, num_blocks, wants):
         assert oldest is None or oldest not in out.preempted or len(s.running) == 0
         assert s.reservation_waste() == 0.0
         assert s.fragmentation_waste() < 1.0
-    assert s.allocator.num_free == num_blocks
+    assert s.kv_cache_manager.num_free == num_blocks
     assert all(r.state is F and len(r.output_token_ids) == r.max_tokens for r in reqs)
 
 

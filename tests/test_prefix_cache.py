@@ -30,7 +30,7 @@ def shared(n: int, prefix: int, total: int, seed: int = 0) -> list[list[int]]:
 def texts(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
     out = [o.token_ids for o in llm.generate(prompts, params)]
     llm.core.check_drained()
-    llm.core.engine.allocator.check_invariants()
+    llm.core.scheduler.kv_cache_manager.check_invariants()
     return out
 
 
@@ -125,7 +125,7 @@ def test_cached_blocks_with_no_holder_count_as_free():
     texts(llm, shared(3, 32, 40))
     snap = llm.core.snapshot()
     assert snap.num_free_blocks == snap.num_blocks and snap.kv_cache_usage == 0.0
-    assert llm.core.engine.allocator.num_cached > 0  # ... while they are still findable
+    assert llm.core.scheduler.kv_cache_manager.num_cached > 0  # ... while they are still findable
 
 
 def test_preempted_requests_keep_their_blocks_cached_and_their_text():
@@ -148,7 +148,7 @@ def test_a_failed_step_forgets_the_blocks_it_never_wrote():
     deltas = core.step()  # the forward raises: both fail, nothing they registered survives
     assert {d.finish_reason for d in deltas} == {"error"}
     core.check_drained()
-    assert core.engine.allocator.num_cached == 0
+    assert core.scheduler.kv_cache_manager.num_cached == 0
     assert texts(llm, prompts) == texts(LLM(dtype="float32"), prompts)
 
 
@@ -162,7 +162,7 @@ def test_an_abort_mid_prefill_gives_every_block_back():
     assert core.abort_request("x")
     core.step()
     core.check_drained()
-    core.engine.allocator.check_invariants()
+    core.scheduler.kv_cache_manager.check_invariants()
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,11 +1,12 @@
 """A refusal's ``param`` comes from the check that refused, never from the words it used.
 
 Every check below the HTTP layer (the door check on prompt ids, ``SamplingParams``, the pool's
-``door_check``) raises ``InvalidRequest`` with the field it is about. Here each of them is made
-to say "completely different words" instead, and the server must still answer the same 400 with
-the same ``param``, renamed to the endpoint's wire name where the endpoint has its own (chat's
-``top_logprobs`` and ``max_completion_tokens``). A stricter check, in the new words, is named
-the same way. The server is real (uvicorn on 127.0.0.1, a free port) and every wait is bounded.
+``KVCacheManager.check_fits``) raises ``InvalidRequest`` with the field it is about. Here each of
+them is made to say "completely different words" instead, and the server must still answer the same
+400 with the same ``param``, renamed to the endpoint's wire name where the endpoint has its own
+(chat's ``top_logprobs`` and ``max_completion_tokens``). A stricter check, in the new words, is
+named the same way. The server is real (uvicorn on 127.0.0.1, a free port) and every wait is
+bounded.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from server_fixture import ServerThread, wait_for
 import nanoserve.engine.core
 import nanoserve.entrypoints.openai.parsing
 from nanoserve.async_engine import AsyncLLM
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.entrypoints.openai.app import build_app
 from nanoserve.sampling.params import SamplingParams
 from nanoserve.validation import InvalidRequest
@@ -52,7 +54,7 @@ def rewording(monkeypatch):
     """Every engine-side check of a request, at each place it is called from, reworded."""
     for owner, name in ((nanoserve.entrypoints.openai.parsing, "check_prompt_ids"),
                         (nanoserve.engine.core, "check_prompt_ids"),
-                        (nanoserve.engine.core, "door_check"),
+                        (KVCacheManager, "check_fits"),
                         (SamplingParams, "__post_init__"), (SamplingParams, "check_vocab")):
         monkeypatch.setattr(owner, name, reworded(getattr(owner, name)))
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanoserve.bench.schedbench import run_scheduled, run_static
-from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import _LEGAL_TRANSITIONS, IllegalTransition, Request, RequestState
 from nanoserve.engine.scheduler import Scheduler
 
@@ -24,7 +24,7 @@ def req(i, prompt_len=5, max_tokens=4, **kw):
 
 
 def sched(num_blocks=64, block_size=4, slots=4, **kw):
-    return Scheduler(BlockAllocator(num_blocks, block_size), slots, **kw)
+    return Scheduler(KVCacheManager(num_blocks, block_size), slots, **kw)
 
 
 def step(s: Scheduler, token=5):
@@ -174,7 +174,7 @@ def test_blocks_are_reserved_for_the_worst_case_at_admission():
     s.add(r)
     step(s)
     assert len(r.blocks) == 8  # ceil(29 / 4)
-    assert s.allocator.num_free == 56
+    assert s.kv_cache_manager.num_free == 56
 
 
 def test_full_batch_and_dry_pool_are_told_apart():
@@ -183,7 +183,7 @@ def test_full_batch_and_dry_pool_are_told_apart():
     full.add(req(1))
     step(full)
     assert (full.blocked_on_slots, full.blocked_on_blocks) == (1, 0)
-    assert full.allocator.num_free > 0  # the pool was fine
+    assert full.kv_cache_manager.num_free > 0  # the pool was fine
 
     dry = sched(num_blocks=3, block_size=4, slots=4)
     dry.add(req(0, prompt_len=4, max_tokens=8))
@@ -214,7 +214,7 @@ def test_unknown_policy_and_bad_slots_are_refused():
     with pytest.raises(ValueError, match="allocation='lazy'"):
         sched(allocation="lazy")
     with pytest.raises(ValueError, match="max_num_seqs"):
-        Scheduler(BlockAllocator(4, 4), 0)
+        Scheduler(KVCacheManager(4, 4), 0)
 
 
 # ------------------------------------------------------------------ output and release
@@ -264,7 +264,7 @@ def test_abort_running_returns_resources_now():
     s.add(a)
     step(s)
     s.abort(a)
-    assert released == [0] and s.allocator.num_free == 8 and a.finish_reason == "abort"
+    assert released == [0] and s.kv_cache_manager.num_free == 8 and a.finish_reason == "abort"
     s.check_invariants()
     assert s.schedule().finished == [a]
     assert not s.has_unfinished()
@@ -299,7 +299,7 @@ def test_stopping_at_the_first_token_held_twelve_of_thirteen_for_nothing():
     s.add(r)
     s.schedule()
     r.append_token(EOS)
-    assert len(r.blocks) == 13 and s.allocator.blocks_for_length(r.num_tokens) == 1
+    assert len(r.blocks) == 13 and s.kv_cache_manager.blocks_for_length(r.num_tokens) == 1
 
 
 def test_day30_counts_host_only():
@@ -330,7 +330,7 @@ def test_random_workloads_drain_with_nothing_leaked(slots, num_blocks, wants, ab
     reqs = []
     for i, (p, m) in enumerate(wants):
         r = req(i, prompt_len=p, max_tokens=m)
-        if s.allocator.blocks_for_length(r.worst_case_tokens) <= num_blocks:
+        if s.kv_cache_manager.blocks_for_length(r.worst_case_tokens) <= num_blocks:
             s.add(r)
             reqs.append(r)
     for it in range(500):
@@ -343,5 +343,5 @@ def test_random_workloads_drain_with_nothing_leaked(slots, num_blocks, wants, ab
         step(s)
     s.schedule()
     assert not s.has_unfinished()
-    assert s.allocator.num_free == num_blocks
+    assert s.kv_cache_manager.num_free == num_blocks
     assert all(r.is_finished for r in reqs)

@@ -26,7 +26,7 @@ def test_eight_ragged_prompts_in_one_call_equal_each_alone(hf_checkpoint, which,
               for i, m in enumerate([4, 9, 17, 2, 30, 5, 12, 8])]
     together = [o.token_ids for o in llm.generate(RAGGED, params)]
     assert together == _each_alone(llm, RAGGED, params)
-    pool = llm.engine.allocator
+    pool = llm.core.scheduler.kv_cache_manager
     pool.check_invariants()
     assert pool.num_free == pool.num_blocks
 
@@ -91,7 +91,7 @@ def test_door_check_refuses_what_the_pool_can_never_hold(hf_checkpoint):
     with pytest.raises(ValueError, match="prompt 1: prompt \\+ max_tokens = 17 tokens need 5 "
                                          "KV blocks; the pool has 4"):
         llm.generate([[1, 2], [1, 2, 3, 4]], SamplingParams(max_tokens=13))
-    assert llm.engine.allocator.num_free == 4
+    assert llm.core.scheduler.kv_cache_manager.num_free == 4
 
 
 @pytest.mark.parametrize("kwargs,pattern", [
@@ -115,7 +115,7 @@ def test_sixteen_prompts_with_ragged_budgets_through_the_scheduler(hf_checkpoint
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == _each_alone(llm, prompts, params)
     assert [len(o.token_ids) for o in outs] == [p.max_tokens for p in params]
-    pool = llm.engine.allocator
+    pool = llm.core.scheduler.kv_cache_manager
     pool.check_invariants()
     assert pool.num_free == pool.num_blocks
 

@@ -44,7 +44,7 @@ def test_fifty_random_schemas_parse_and_validate_beside_free_text(llm, sampled):
         assert out.finish_reason == "stop", (schema, out.text)
         jsonschema.validate(json.loads(out.text), schema)
     assert [o.text for o in outs[len(SCHEMAS):]] == alone  # unconstrained rows untouched
-    pool = llm.engine.allocator
+    pool = llm.core.scheduler.kv_cache_manager
     assert pool.num_free == pool.num_blocks
 
 
@@ -188,7 +188,7 @@ def test_chunked_prefill_and_prefix_caching_leave_constrained_text_unchanged(llm
     got = busy.generate(prompts, params)
     assert busy.stats.prefix_cache_hits > 0
     assert [o.text for o in got] == [o.text for o in plain]
-    pool = busy.engine.allocator
+    pool = busy.core.scheduler.kv_cache_manager
     assert pool.num_free == pool.num_blocks  # every block back, cached ones included
 
 

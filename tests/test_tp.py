@@ -48,8 +48,8 @@ def pair(model=DEFAULT_MODEL, prompts=PROMPTS, params=GREEDY, **kw):
     one = LLM(model, dtype="float32", **kw).generate(prompts, params)
     with LLM(model, dtype="float32", tensor_parallel_size=2, **kw) as llm:
         two = llm.generate(prompts, params)
-        stats, engine = llm.stats, llm.engine
-        assert engine.allocator.num_free == engine.allocator.num_blocks
+        stats, engine, kv = llm.stats, llm.engine, llm.core.scheduler.kv_cache_manager
+        assert kv.num_free == kv.num_blocks
     assert not alive_workers()
     return one, two, stats, engine
 

@@ -235,8 +235,9 @@ for name in ROW:
 
 # %%
 llm = LLM(MODEL_DIR, dtype="float32")
-print("LLM's cache:", type(llm.engine.cache).__name__, "with",
-      llm.engine.allocator.num_blocks, "blocks of", llm.engine.allocator.block_size)
+kv = llm.core.scheduler.kv_cache_manager  # the scheduler's blocks
+print("LLM's cache:", type(llm.engine.cache).__name__, "with", kv.num_blocks, "blocks of",
+      kv.block_size)
 outs = llm.generate(list(prompts.values()),
                     SamplingParams(temperature=0, max_tokens=STEPS + 1, ignore_eos=True))
 for name, out in zip(ROW, outs, strict=True):

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from chapters.common import DAY29_MAX_TOKENS
 from chapters.day30_state_machine.snapshot import request as day30
 from nanoserve.bench.schedbench import run_scheduled, run_static
-from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import _LEGAL_TRANSITIONS, IllegalTransition, Request, RequestState
 from nanoserve.engine.scheduler import Scheduler, SchedulerOutput
 
@@ -131,7 +131,7 @@ for last in (5, EOS):
 # (the lowest free one, 0), so row 0 is busy again in iteration 2.
 
 # %%
-s = Scheduler(BlockAllocator(64, 4), max_num_seqs=2)
+s = Scheduler(KVCacheManager(64, 4), max_num_seqs=2)
 a, b, c = req("a", max_tokens=1), req("b", max_tokens=3), req("c")
 for r in (a, b, c):
     s.add(r)
@@ -149,7 +149,7 @@ for it in (1, 2, 3):
 # forever and block everyone behind it.
 
 # %%
-s = Scheduler(BlockAllocator(4, 4), max_num_seqs=4)
+s = Scheduler(KVCacheManager(4, 4), max_num_seqs=4)
 try:
     s.add(req("huge", prompt_len=10, max_tokens=10))
 except ValueError as e:
@@ -162,14 +162,15 @@ print("waiting after the refusal:", ids(s.waiting))
 # With four slots and a 3-block pool, the second request waits for blocks while slots are free.
 
 # %%
-full = Scheduler(BlockAllocator(64, 4), max_num_seqs=1)
+full = Scheduler(KVCacheManager(64, 4), max_num_seqs=1)
 for i in range(2):
     full.add(req(i))
 step(full)
 print(f"batch full: blocked_on_slots={full.blocked_on_slots}, "
-      f"blocked_on_blocks={full.blocked_on_blocks}, free blocks {full.allocator.num_free} of 64")
+      f"blocked_on_blocks={full.blocked_on_blocks}, "
+      f"free blocks {full.kv_cache_manager.num_free} of 64")
 
-dry = Scheduler(BlockAllocator(3, 4), max_num_seqs=4)
+dry = Scheduler(KVCacheManager(3, 4), max_num_seqs=4)
 for i in range(2):
     dry.add(req(i, prompt_len=4, max_tokens=8))  # 12 tokens: all 3 blocks each
 step(dry)
@@ -182,13 +183,13 @@ print(f"pool dry:   blocked_on_slots={dry.blocked_on_slots}, "
 # the large one waiting for ever.
 
 # %%
-s = Scheduler(BlockAllocator(10, 4), max_num_seqs=4)
+s = Scheduler(KVCacheManager(10, 4), max_num_seqs=4)
 s.add(req("long", prompt_len=4, max_tokens=24))  # 7 blocks
 s.add(req("big", prompt_len=4, max_tokens=12))  # 4 blocks: 3 are left
 s.add(req("small", prompt_len=1, max_tokens=1))  # 1 block: would fit, is not looked at
 out = step(s)
 print(f"admitted {ids(out.admitted)}, waiting {ids(s.waiting)}, "
-      f"free blocks {s.allocator.num_free}, blocked_on_blocks {s.blocked_on_blocks}")
+      f"free blocks {s.kv_cache_manager.num_free}, blocked_on_blocks {s.blocked_on_blocks}")
 
 # %% [markdown]
 # ## 5. What the worst case costs
@@ -199,23 +200,23 @@ print(f"admitted {ids(out.admitted)}, waiting {ids(s.waiting)}, "
 # tokens, which occupy one block.
 
 # %%
-s = Scheduler(BlockAllocator(64, 16), max_num_seqs=4)
+s = Scheduler(KVCacheManager(64, 16), max_num_seqs=4)
 reqs = [req(i, prompt_len=8, max_tokens=200) for i in range(4)]
 for r in reqs:
     s.add(r)
 step(s)
 reserved = sum(len(r.blocks) for r in reqs)
-occupied = sum(s.allocator.blocks_for_length(r.num_tokens) for r in reqs)
+occupied = sum(s.kv_cache_manager.blocks_for_length(r.num_tokens) for r in reqs)
 print(f"{reserved} blocks reserved against {occupied} occupied: "
       f"reservation_waste = {s.reservation_waste():.2f}")
 
-one = Scheduler(BlockAllocator(64, 16), max_num_seqs=4)
+one = Scheduler(KVCacheManager(64, 16), max_num_seqs=4)
 r = req("eos", prompt_len=8, max_tokens=200)
 one.add(r)
 one.schedule()
 r.append_token(EOS)  # the very first token ends it
 print(f"EOS as the first token: {len(r.blocks)} blocks held, "
-      f"{one.allocator.blocks_for_length(r.num_tokens)} occupied")
+      f"{one.kv_cache_manager.blocks_for_length(r.num_tokens)} occupied")
 
 # %% [markdown]
 # `abort` works in each live state: a waiting request leaves the queue, a running one gives
@@ -225,7 +226,7 @@ print(f"EOS as the first token: {len(r.blocks)} blocks held, "
 
 # %%
 released = []
-s = Scheduler(BlockAllocator(16, 4), max_num_seqs=1, on_release=lambda r: released.append(
+s = Scheduler(KVCacheManager(16, 4), max_num_seqs=1, on_release=lambda r: released.append(
     (r.request_id, r.slot, list(r.blocks))))
 run, wait = req("run", max_tokens=20), req("wait")
 s.add(run)
@@ -233,7 +234,7 @@ s.add(wait)
 step(s)
 s.abort(wait)
 s.abort(run)
-print(f"on_release saw {released}; free blocks {s.allocator.num_free} of 16")
+print(f"on_release saw {released}; free blocks {s.kv_cache_manager.num_free} of 16")
 print(f"next schedule() reports finished {ids(s.schedule().finished)}, "
       f"reasons {run.finish_reason!r}, {wait.finish_reason!r}")
 try:
@@ -301,7 +302,7 @@ class AdmitThenRelease(Scheduler):
 
 
 for cls in (Scheduler, AdmitThenRelease):
-    s = cls(BlockAllocator(256, 4), 8)
+    s = cls(KVCacheManager(256, 4), 8)
     reqs = [Request(i, [1] * 5, max_tokens=DAY29_MAX_TOKENS[i % 8]) for i in range(24)]
     for r in reqs:
         s.add(r)

@@ -32,6 +32,7 @@ import torch
 
 from chapters.common import DAY29_MAX_TOKENS, DAY29_PROMPTS
 from nanoserve import LLM, SamplingParams
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request
 from nanoserve.engine.scheduler import Scheduler
 from nanoserve.llm import Stats
@@ -135,7 +136,8 @@ print("r0:", runs["continuous"][1][0].token_ids, " r7:", runs["continuous"][1][7
 
 # %%
 engine = runs["continuous"][0].engine
-sched = Scheduler(engine.allocator, 3, on_release=engine.release_row)
+sched = Scheduler(KVCacheManager(engine.num_kv_blocks, engine.cache.block_size), 3,
+                  on_release=engine.release_row)
 wants = [2, 5, 3, 1, 2]
 reqs = [Request(i, DAY29_PROMPTS[i], max_tokens=m, params=SamplingParams(temperature=0))
         for i, m in enumerate(wants)]
@@ -163,7 +165,8 @@ with torch.inference_mode():
               f" finished {[r.request_id for r in done]}")
         print(f"  {rows_view()}")
 print("tokens:", {r.request_id: r.output_token_ids for r in reqs})
-print("every block back in the pool:", engine.allocator.num_free == engine.allocator.num_blocks)
+kv = sched.kv_cache_manager
+print("every block back in the pool:", kv.num_free == kv.num_blocks)
 
 # %% [markdown]
 # A request's cache row is its slot. When r0 is released, row 0 drops to length 0 with no
@@ -198,7 +201,8 @@ for b, (llm, _, _) in runs.items():
 # block-at-a-time allocation and preemption.
 
 # %%
-sched = Scheduler(engine.allocator, 8, on_release=engine.release_row)
+sched = Scheduler(KVCacheManager(engine.num_kv_blocks, engine.cache.block_size), 8,
+                  on_release=engine.release_row)
 reqs = [Request(i, p, max_tokens=m, params=SamplingParams(temperature=0))
         for i, (p, m) in enumerate(zip(DAY29_PROMPTS, DAY29_MAX_TOKENS, strict=True))]
 for r in reqs:
@@ -206,11 +210,11 @@ for r in reqs:
 with torch.inference_mode():
     engine.step(sched.schedule())
 reserved = sum(len(r.blocks) for r in sched.running)
-occupied = sum(engine.allocator.blocks_for_length(r.num_tokens) for r in sched.running)
+occupied = sum(sched.kv_cache_manager.blocks_for_length(r.num_tokens) for r in sched.running)
 print(f"after iteration 1: {reserved} blocks reserved, {occupied} occupied, "
       f"reservation_waste {sched.reservation_waste():.2f}")
 for r in list(sched.running):
     sched.abort(r)
 sched.schedule()
 print("aborted and released; pool whole again:",
-      engine.allocator.num_free == engine.allocator.num_blocks)
+      sched.kv_cache_manager.num_free == sched.kv_cache_manager.num_blocks)

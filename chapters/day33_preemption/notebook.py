@@ -36,7 +36,7 @@ import torch
 
 from chapters.common import SHIPPED
 from nanoserve.bench.schedbench import run_scheduled
-from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request, RequestState
 from nanoserve.engine.scheduler import Scheduler
 
@@ -49,7 +49,7 @@ def show(s: Scheduler, out, it: int) -> None:
     print(f"it {it:2d}  admit {[r.request_id for r in out.admitted]!s:10s} "
           f"decode {[r.request_id for r in out.decode]!s:16s} "
           f"preempt {[r.request_id for r in out.preempted]!s:6s} | {held} | "
-          f"waiting {[r.request_id for r in s.waiting]} free {s.allocator.num_free}")
+          f"waiting {[r.request_id for r in s.waiting]} free {s.kv_cache_manager.num_free}")
 
 
 def step(s: Scheduler, it: int, quiet: bool = False):
@@ -74,7 +74,7 @@ def step(s: Scheduler, it: int, quiet: bool = False):
 
 # %%
 for policy in ("reserve", "incremental"):
-    s = Scheduler(BlockAllocator(64, 4), 4, allocation=policy)
+    s = Scheduler(KVCacheManager(64, 4), 4, allocation=policy)
     r = Request("r", [7] * 5, max_tokens=24)
     s.add(r)
     needs = []
@@ -98,7 +98,7 @@ for policy in ("reserve", "incremental"):
 # youngest running request, `c`.
 
 # %%
-s = Scheduler(BlockAllocator(6, 4), 3, allocation="incremental")
+s = Scheduler(KVCacheManager(6, 4), 3, allocation="incremental")
 reqs = {n: Request(n, [7] * 4, max_tokens=12) for n in "abcd"}
 for r in reqs.values():
     s.add(r)
@@ -140,7 +140,7 @@ print({n: (r.num_preemptions, r.finish_reason) for n, r in reqs.items()})
 # is dry, and the youngest running request is `b` itself.
 
 # %%
-s = Scheduler(BlockAllocator(3, 4), 2, allocation="incremental")
+s = Scheduler(KVCacheManager(3, 4), 2, allocation="incremental")
 a, b = Request("a", [7] * 4, max_tokens=8), Request("b", [7] * 4, max_tokens=8)
 s.add(a)
 s.add(b)

@@ -21,7 +21,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from chapters.common import SHIPPED  # noqa: E402
 from diagrams import COLORS, figure, save  # noqa: E402
 from nanoserve.bench.batchbench import workload  # noqa: E402
-from nanoserve.engine.block_allocator import BlockAllocator  # noqa: E402
+from nanoserve.engine.kv_manager import KVCacheManager  # noqa: E402
 from nanoserve.engine.request import Request  # noqa: E402
 from nanoserve.engine.scheduler import Scheduler  # noqa: E402
 
@@ -33,7 +33,7 @@ def replay(num_blocks: int) -> dict:
     compute, split into first computations and re-prefills on resume."""
     vocab = json.loads((SHIPPED / "config.json").read_text())["vocab_size"]
     prompts, gens = workload(REQUESTS, SEED, PROMPTS, GENS, vocab)
-    sched = Scheduler(BlockAllocator(num_blocks, BS), SLOTS, allocation="incremental")
+    sched = Scheduler(KVCacheManager(num_blocks, BS), SLOTS, allocation="incremental")
     reqs = [Request(i, p, max_tokens=g) for i, (p, g) in enumerate(zip(prompts, gens,
                                                                        strict=True))]
     for r in reqs:

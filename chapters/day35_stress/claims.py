@@ -34,13 +34,13 @@ def replay() -> dict:
     records what the run does not report: what each abort hit, how many requests ran at once,
     and how soon after its admission or resume each victim was preempted. The figure draws it."""
     from nanoserve.bench.batchbench import workload
-    from nanoserve.engine.block_allocator import BlockAllocator
+    from nanoserve.engine.kv_manager import KVCacheManager
     from nanoserve.engine.request import Request, RequestState
     from nanoserve.engine.scheduler import Scheduler
 
     vocab = json.loads((SHIPPED / "config.json").read_text())["vocab_size"]
     prompts, gens = workload(REQUESTS, SEED, (2, 20), (1, 40), vocab)
-    sched = Scheduler(BlockAllocator(BLOCKS, BS), SLOTS, allocation="incremental")
+    sched = Scheduler(KVCacheManager(BLOCKS, BS), SLOTS, allocation="incremental")
     reqs = [Request(i, p, max_tokens=g) for i, (p, g) in enumerate(zip(prompts, gens,
                                                                        strict=True))]
     for r in reqs:
@@ -71,7 +71,7 @@ def replay() -> dict:
         for r in out.decode:
             lanes[r.request_id].append((it, "decode"))
         rows.append(out.num_scheduled)
-        held.append(sched.allocator.num_held)
+        held.append(sched.kv_cache_manager.num_held)
         for r in out.admitted + out.decode:
             r.append_token(1)
     return {"lanes": lanes, "preempted": preempted, "aborted": aborted, "rows": rows,

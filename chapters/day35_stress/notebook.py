@@ -33,8 +33,8 @@ from chapters.common import SHIPPED
 from chapters.day35_stress.snapshot.verdict import mismatches
 from nanoserve.bench.batchbench import workload
 from nanoserve.bench.stress import run_stress
-from nanoserve.engine.block_allocator import BlockAllocator
 from nanoserve.engine.engine import Engine
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request, RequestState
 from nanoserve.engine.scheduler import Scheduler
 
@@ -84,7 +84,7 @@ print("an aborted request that changed a token:", mismatches([[3]], [True], [[1,
 # %%
 def abort_targets(requests: int, seed: int, num_blocks: int, rate: float = 0.05) -> Counter:
     prompts, gens = workload(requests, seed, (2, 20), (1, 40), 2048)  # nanoserve-tiny's vocab
-    sched = Scheduler(BlockAllocator(num_blocks, 4), 8, allocation="incremental")
+    sched = Scheduler(KVCacheManager(num_blocks, 4), 8, allocation="incremental")
     reqs = [Request(i, p, max_tokens=g) for i, (p, g) in enumerate(zip(prompts, gens,
                                                                        strict=True))]
     for r in reqs:

@@ -143,7 +143,7 @@ def finished_deltas() -> str:
 
 def pool_after_drain() -> str:
     staggered()
-    pool = llm().engine.allocator
+    pool = llm().core.scheduler.kv_cache_manager
     return f"{pool.num_free} of {pool.num_blocks}"
 
 
@@ -198,7 +198,7 @@ def aborted_mid_run() -> dict:
     """Four requests running; after three steps two are aborted. Blocks are read from the pool
     before and right after the aborts, with no step in between."""
     core = llm().core
-    pool = core.engine.allocator
+    pool = core.scheduler.kv_cache_manager
     reqs = [core.add_request(f"a{i}", [3 + i] * 5, greedy(40)) for i in range(4)]
     steps = []
     with torch.inference_mode():
@@ -219,7 +219,7 @@ def failing_forward() -> dict:
     """Six requests, four slots: the second forward raises. The four running requests end with
     "error"; the two waiting ones run after it and finish normally."""
     core = llm().core
-    engine, pool = core.engine, core.engine.allocator
+    engine, pool = core.engine, core.scheduler.kv_cache_manager
     real, calls = engine.step, [0]
 
     def flaky(out):

@@ -59,7 +59,7 @@ torch.set_num_threads(1)
 
 # %%
 llm = LLM(SHIPPED, **CRAMPED)
-core, pool = llm.core, llm.engine.allocator
+core, pool = llm.core, llm.core.scheduler.kv_cache_manager
 tok = llm.tokenizer
 prompts = {"a": "The for statement", "b": "Classes provide", "c": "A tuple"}
 with torch.inference_mode():

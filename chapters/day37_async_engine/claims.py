@@ -42,7 +42,7 @@ async def settle(cond, timeout: float = 10.0) -> bool:
 
 
 async def _life(e) -> dict:
-    core, pool = e.core, e.core.engine.allocator
+    core, pool = e.core, e.core.scheduler.kv_cache_manager
     got: dict = {}
 
     # 1. the workload's 12 requests as concurrent streams

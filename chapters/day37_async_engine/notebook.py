@@ -48,7 +48,7 @@ SHAPE = dict(dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=4)
 offline_llm = LLM(SHIPPED, **SHAPE)
 engine = AsyncLLM.from_options(SHIPPED, **SHAPE)
 engine.start()
-pool = engine.core.engine.allocator
+pool = engine.core.scheduler.kv_cache_manager
 
 # %% [markdown]
 # ## 1. Twelve streams, one loop

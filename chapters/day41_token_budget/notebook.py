@@ -33,7 +33,7 @@ import torch
 
 from chapters.common import hardware
 from chapters.day41_token_budget import claims
-from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request
 from nanoserve.engine.scheduler import Scheduler
 
@@ -48,7 +48,7 @@ torch.set_num_threads(1)  # on a small shared CPU a second thread mostly waits f
 # `out.sampled` gets a token. A chunk short of its prompt's end is not in `out.sampled`.
 
 # %%
-sched = Scheduler(BlockAllocator(64, 4), 8, allocation="incremental",
+sched = Scheduler(KVCacheManager(64, 4), 8, allocation="incremental",
                   max_num_batched_tokens=16)
 shorts = [Request(f"d{i}", [1] * 3, max_tokens=8) for i in range(4)]
 long = Request("long", [1] * 40, max_tokens=3)

@@ -96,12 +96,12 @@ def long_prompt_steps(budget: int | None, chunked: bool) -> list[int]:
     on the live Scheduler (no model). ``budget=None`` with ``chunked=False`` is the engine's
     whole-prompt rule: max(512, max_model_len 1024)."""
     from nanoserve.config import EngineConfig
-    from nanoserve.engine.block_allocator import BlockAllocator
+    from nanoserve.engine.kv_manager import KVCacheManager
     from nanoserve.engine.request import Request
     from nanoserve.engine.scheduler import Scheduler
 
     cfg = EngineConfig(max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
-    s = Scheduler(BlockAllocator(512, 16), 8, allocation="incremental",
+    s = Scheduler(KVCacheManager(512, 16), 8, allocation="incremental",
                   max_num_batched_tokens=cfg.resolve_max_num_batched_tokens(1024),
                   chunked_prefill=chunked)
     reqs = long_among_short(WORKLOAD["requests"], WORKLOAD["input_len"], WORKLOAD["output_len"],

@@ -198,7 +198,7 @@ def shared_prompts() -> list[list[int]]:
 def shared_burst(caching: bool) -> dict:
     """Six requests added together; one step; the pool read; then the drain."""
     lm = llm(caching)
-    core, pool = lm.core, lm.engine.allocator
+    core, pool = lm.core, lm.core.scheduler.kv_cache_manager
     reqs = [core.add_request(f"s{i}", p, greedy(9)) for i, p in enumerate(shared_prompts())]
     core.step()
     held = pool.num_held
@@ -260,7 +260,7 @@ def mixed(caching: bool) -> dict:
             tokens.setdefault(d.request_id, []).extend(d.new_token_ids)
             logprobs.setdefault(d.request_id, []).extend(e.logprob for e in d.new_logprobs)
     core.check_drained()
-    s, pool = core.scheduler, core.engine.allocator
+    s, pool = core.scheduler, core.scheduler.kv_cache_manager
     return {"tokens": tokens, "logprobs": logprobs, "preemptions": s.preemptions,
             "recomputed": s.recomputed_tokens, "aborted": core.counters.by_reason.get("abort"),
             "free": pool.num_free, "blocks": pool.num_blocks,

@@ -156,7 +156,7 @@ for n in (16, 17, 47, 48, 49, 64, 65):
 # %%
 for caching in (False, True):
     lm = llm(caching)
-    core, pool = lm.core, lm.engine.allocator
+    core, pool = lm.core, lm.core.scheduler.kv_cache_manager
     reqs = [core.add_request(f"s{i}", p, greedy(9)) for i, p in enumerate(shared_prompts())]
     core.step()
     print(f"caching {'on ' if caching else 'off'}: admitted {core.scheduler.admitted_total}, "

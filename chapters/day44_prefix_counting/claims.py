@@ -98,7 +98,7 @@ def in_process() -> dict:
                  enable_prefix_caching=True)
         for p in evict_prompts():
             lm.generate([p], greedy(EVICT_G))
-        pool = lm.engine.allocator
+        pool = lm.core.scheduler.kv_cache_manager
         assert lm.stats.preemptions == 0
         out["evict"] = {"evicted": lm.stats.prefix_cache_evictions,
                         "hits": lm.stats.prefix_cache_hits, "cached": pool.num_cached,

@@ -133,7 +133,7 @@ llm = LLM(SHIPPED, dtype="float32", block_size=EVICT_B, num_kv_blocks=EVICT_K,
           enable_prefix_caching=True)
 for i, prompt in enumerate(evict_prompts()):
     llm.generate([prompt], greedy(EVICT_G))
-    pool = llm.engine.allocator
+    pool = llm.core.scheduler.kv_cache_manager
     print(f"after request {i + 1}: evicted {llm.stats.prefix_cache_evictions:2d} (formula "
           f"{expected_evictions(i + 1, EVICT_L, EVICT_G, EVICT_B, EVICT_K):2d}), cached "
           f"{pool.num_cached}, free {pool.num_free} of {pool.num_blocks}")

@@ -50,16 +50,16 @@ def speed_params(fn) -> str:
 
 def keywords() -> str:
     """What each layer takes: ``EngineConfig`` its fields (the flags become them, and ``LLM``
-    and ``AsyncLLM.from_options`` take exactly those names), the engine and its core their
-    constructors' keywords."""
+    and ``AsyncLLM.from_options`` take exactly those names), the engine and the scheduler (which
+    the core builds from the config) their constructors' keywords."""
     from nanoserve.config import EngineConfig
-    from nanoserve.engine.core import EngineCore
     from nanoserve.engine.engine import Engine
+    from nanoserve.engine.scheduler import Scheduler
 
     fields = ", ".join(n for n in EngineConfig.names() if n in snap.SPEED_KEYWORDS)
     return "; ".join([f"EngineConfig: {fields}", f"LLM: {fields}",
                       *(f"{name}: {speed_params(fn)}" for name, fn in
-                        (("Engine", Engine), ("EngineCore", EngineCore)))])
+                        (("Engine", Engine), ("Scheduler", Scheduler)))])
 
 
 def defaults() -> str:

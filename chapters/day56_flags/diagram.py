@@ -43,7 +43,7 @@ def wiring(ax) -> None:
     arrow(ax, (5.1, 2.55), (5.8, 2.55))
     box(ax, 8.2, 3.3, 2.1, 1.2, "Engine\ncompile, attention,\ncuda_graphs", "compute",
         fontsize=8)
-    box(ax, 8.2, 0.6, 2.1, 1.2, "EngineCore\n(scheduler)\ncompact_rows", "memory", fontsize=8)
+    box(ax, 8.2, 0.6, 2.1, 1.2, "Scheduler\n(in the core)\ncompact_rows", "memory", fontsize=8)
     arrow(ax, (7.5, 2.8), (8.2, 3.9))
     arrow(ax, (7.5, 2.3), (8.2, 1.2))
     ax.text(5.2, -0.4, "the only bundling: one rule, EngineConfig.persistent_batch", ha="center",

@@ -42,7 +42,6 @@ from nanoserve.bench.gates import (
     check_moves_amortised,
     check_moves_minimal,
 )
-from nanoserve.engine.block_allocator import BlockAllocator
 from nanoserve.engine.compact import (
     RowCompactor,
     RowMove,
@@ -52,6 +51,7 @@ from nanoserve.engine.compact import (
     plan_compaction,
     strays,
 )
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request
 from nanoserve.engine.scheduler import Scheduler
 
@@ -107,7 +107,7 @@ def step_kind(rows) -> str:
 
 
 def run(compact: bool, verbose: bool = True):
-    sched = Scheduler(BlockAllocator(64, 4), 4, allocation="incremental",
+    sched = Scheduler(KVCacheManager(64, 4), 4, allocation="incremental",
                       compact_rows=compact)
     for i, want in enumerate((3, 8, 8, 8)):
         sched.add(Request(i, [7] * 4, max_tokens=want))

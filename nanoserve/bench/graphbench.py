@@ -5,7 +5,7 @@ replay a step whose decode rows are 0..n-1. Whether they are depends on the sche
 the graph: the free-row heap leaves survivors stranded above the holes that completions make,
 and the persistent batch (``Scheduler(compact_rows=True)``, ``nanoserve.engine.compact``) moves them
 down. This harness counts both, with no model and no device: the real ``Scheduler`` over a real
-``BlockAllocator`` with integer tokens, exactly as ``bench sched`` drives it.
+``KVCacheManager`` with integer tokens, exactly as ``bench sched`` drives it.
 
 Conventions, pinned:
 
@@ -53,8 +53,8 @@ from nanoserve.bench.gates import (
     check_moves_amortised,
     check_moves_minimal,
 )
-from nanoserve.engine.block_allocator import BlockAllocator
 from nanoserve.engine.compact import COMPACTION_MODES, RowCompactor, is_compact
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request
 from nanoserve.engine.scheduler import Scheduler
 
@@ -87,7 +87,7 @@ def run_coverage(slots: int, requests: int, gen_lens: list[int], prompt_len: int
     if not gen_lens or min(gen_lens) < 1:
         raise ValueError("every --gen-lens entry must be >= 1")
     worst = prompt_len + max(gen_lens)
-    pool = BlockAllocator(slots * -(-worst // BLOCK_SIZE), BLOCK_SIZE)
+    pool = KVCacheManager(slots * -(-worst // BLOCK_SIZE), BLOCK_SIZE)
     sched = Scheduler(pool, slots, allocation="incremental", compact_rows=mode == "persistent")
     if compactor is not None:
         sched.compactor = compactor

@@ -2,7 +2,7 @@
 
 Why this module exists: a scheduler's job is bookkeeping, and bookkeeping can be measured exactly
 without a forward pass. This harness drives the real ``Scheduler`` over a real
-``BlockAllocator`` with integer tokens: a prefill produces a request's first token, and every
+``KVCacheManager`` with integer tokens: a prefill produces a request's first token, and every
 running request gets one more token per iteration. What comes out are counts (iterations,
 row-steps, occupancy, the iteration each request finished), the same on every machine.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request
 from nanoserve.engine.scheduler import Scheduler
 
@@ -36,7 +36,7 @@ def run_scheduled(slots: int, block_size: int, pool_tokens: int, prompt_len: int
     if pool_tokens % block_size:
         raise ValueError(f"pool_tokens={pool_tokens} is not a multiple of "
                          f"block_size={block_size}")
-    pool = BlockAllocator(pool_tokens // block_size, block_size)
+    pool = KVCacheManager(pool_tokens // block_size, block_size)
     sched = Scheduler(pool, slots, allocation=policy)
     reqs = [Request(i, [TOKEN] * prompt_len, max_tokens=gen_lens[i % len(gen_lens)])
             for i in range(requests)]

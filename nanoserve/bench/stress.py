@@ -20,7 +20,6 @@ import time
 import torch
 
 from nanoserve.bench.batchbench import workload
-from nanoserve.engine.request import RequestState
 from nanoserve.llm import LLM
 from nanoserve.sampling.params import SamplingParams
 
@@ -35,35 +34,35 @@ def run_stress(model=None, requests: int = 40, seed: int = 0, num_kv_blocks: int
     prompts, gens = workload(requests, seed, prompt_lens, gen_lens, cramped.config.vocab_size)
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in gens]
     t0 = time.perf_counter()
-    reqs, _ = cramped._admit(prompts, params)  # the door check first: fail before any work
+    reqs, _ = cramped.make_requests(prompts, params)  # the door check first: fail before work
     reference = [o.token_ids for o in roomy.generate(prompts, params)]
     rng = random.Random(seed + 1)
     checks = aborted = 0
-
-    def each_iteration(sched, iteration):
-        nonlocal checks, aborted
-        sched.check_invariants()
-        checks += 1
-        live = [r for r in reqs if r.state is not RequestState.FINISHED]
-        if live and rng.random() < abort_rate:
-            sched.abort(rng.choice(live))
-            aborted += 1
-
-    with torch.inference_mode():
-        cramped._run_continuous(reqs, each_iteration)
-    pool = cramped.engine.allocator
-    pool.check_invariants()
+    core, before = cramped.core, cramped.core.snapshot()
+    with torch.inference_mode():  # the core's public loop, with an abort and a check each step
+        for r in reqs:
+            core.add(r)
+        while core.has_unfinished():
+            core.check_invariants()
+            checks += 1
+            live = [r for r in reqs if not r.is_finished]
+            if live and rng.random() < abort_rate:
+                core.abort_request(rng.choice(live).request_id)
+                aborted += 1
+            core.step()
+    core.check_drained()
+    after = core.snapshot()
     mismatched = [r.request_id for r, ref in zip(reqs, reference, strict=True)
                   if (r.output_token_ids != ref if r.finish_reason != "abort"
                       else r.output_token_ids != ref[:len(r.output_token_ids)])]
     return {
         "requests": requests, "seed": seed, "num_kv_blocks": num_kv_blocks,
         "block_size": block_size, "max_num_seqs": max_num_seqs,
-        "iterations": cramped.stats.iterations, "invariant_checks": checks,
-        "preemptions": cramped.stats.preemptions,
-        "recomputed_tokens": cramped.stats.recomputed_tokens, "aborted": aborted,
-        "mismatched_requests": mismatched,
-        "pool_full_after_drain": pool.num_free == pool.num_blocks,
+        "iterations": after.iterations - before.iterations, "invariant_checks": checks,
+        "preemptions": after.num_preemptions - before.num_preemptions,
+        "recomputed_tokens": after.recomputed_tokens - before.recomputed_tokens,
+        "aborted": aborted, "mismatched_requests": mismatched,
+        "pool_full_after_drain": after.num_free_blocks == after.num_blocks,
         "seconds": round(time.perf_counter() - t0, 1),
     }
 

@@ -51,6 +51,16 @@ class ConfigError(ValueError):
         self.field = field_name
 
 
+def budget_problem(max_num_batched_tokens: int | None, max_num_seqs: int) -> str | None:
+    """The token budget's one rule, for a config and a scheduler alike (each raises it in its
+    own words: a ``ConfigError`` naming the field, a ``ValueError``): a full batch must be able
+    to decode in one step. None when the budget keeps it (``None``: no budget)."""
+    if max_num_batched_tokens is not None and max_num_batched_tokens < max_num_seqs:
+        return (f"max_num_batched_tokens={max_num_batched_tokens} is below max_num_seqs="
+                f"{max_num_seqs}: a full batch could not decode in one step")
+    return None
+
+
 def _tristate(text: str) -> bool | str:
     """``auto``, ``true``/``on`` or ``false``/``off``, as ``prepack`` takes them."""
     low = text.strip().lower()
@@ -111,9 +121,10 @@ class EngineConfig:
                                          vllm="enable_prefix_caching")
     batching: str = option("continuous", "continuous (Day 31) or static waves (Day 29)",
                            choices=BATCHING_POLICIES)
-    allocation: str = option("incremental", "incremental: blocks a step at a time, preempting "
-                             "by recompute (Day 33); reserve: the worst case up front",
-                             choices=ALLOCATION_POLICIES)
+    allocation: str | None = option(None, "incremental: blocks a step at a time, preempting "
+                                    "by recompute (Day 33); reserve: the worst case up front "
+                                    "(default: incremental; static waves always reserve)",
+                                    choices=ALLOCATION_POLICIES)
     # How a step is computed: each fast path beside the plain one it replaces.
     prefill: str = option("packed", "packed: the prompts as one stream; padded: Day 27's "
                           "rectangle", choices=PREFILL_POLICIES)
@@ -189,19 +200,17 @@ class EngineConfig:
                 raise ConfigError(name, f"{name} must be an int, got {value!r}")
             if value < 1:
                 raise ConfigError(name, f"{name} must be >= 1, got {value}")
-        budget = self.max_num_batched_tokens
-        if budget is not None and budget < self.max_num_seqs:
-            raise ConfigError("max_num_batched_tokens",
-                              f"max_num_batched_tokens={budget} is below max_num_seqs="
-                              f"{self.max_num_seqs}: a full batch could not decode in one step")
+        if why := budget_problem(self.max_num_batched_tokens, self.max_num_seqs):
+            raise ConfigError("max_num_batched_tokens", why)
         if self.max_model_len is not None and (isinstance(self.max_model_len, bool)
                                                or not isinstance(self.max_model_len, int)
                                                or self.max_model_len < 2):
             raise ConfigError("max_model_len", f"max_model_len must be an int >= 2, got "
                                                f"{self.max_model_len!r}")
         for f in fields(self):
-            choices = f.metadata["choices"]
-            if choices is not None and f.name != "dtype" and getattr(self, f.name) not in choices:
+            choices, value = f.metadata["choices"], getattr(self, f.name)
+            unset = value is None and f.default is None  # an option left to its policy
+            if choices is not None and f.name != "dtype" and not unset and value not in choices:
                 raise ConfigError(f.name, f"{f.name}={getattr(self, f.name)!r}; choose one of "
                                           f"{choices}")
         try:
@@ -229,6 +238,27 @@ class EngineConfig:
                for s in self.fail_on_step):
             raise ConfigError("fail_on_step", f"fail_on_step holds step numbers >= 1, got "
                                               f"{self.fail_on_step!r}")
+        self._check_policies()
+
+    def _check_policies(self) -> None:
+        """Options that one policy cannot honour beside another are refused, never ignored."""
+        if self.batching == "static":
+            if self.allocation == "incremental":
+                raise ConfigError("allocation", "allocation='incremental' cannot be honoured "
+                                                "under batching='static': a wave books each "
+                                                "request's worst case (reserve) and is never "
+                                                "preempted")
+            if self.max_num_batched_tokens is not None:
+                raise ConfigError("max_num_batched_tokens", "max_num_batched_tokens cannot be "
+                                  "honoured under batching='static': a wave prefills its "
+                                  "prompts whole, in one step")
+        if not self.enable_kv_cache:
+            for name, on in (("enable_prefix_caching", self.enable_prefix_caching),
+                             ("cuda_graphs", self.cuda_graphs), ("compile", self.compile)):
+                if on:
+                    raise ConfigError(name, f"{name} needs the KV cache; with "
+                                            f"enable_kv_cache=False every step recomputes "
+                                            f"the whole sequence (Day 4)")
 
     def resolve_max_model_len(self, max_position_embeddings: int) -> int:
         """The context this engine serves: ``max_model_len`` if set, else the model's own."""
@@ -261,10 +291,25 @@ class EngineConfig:
         server's streams each wait out every step, and on Day 42 a 128-token step cut their
         p99 inter-token gap to well under 512's, for a long prompt's first token at most twice
         as late; offline, where nobody watches a stream, fewer and longer steps win."""
-        if self.max_num_batched_tokens is not None or not self.enable_chunked_prefill:
+        if (self.max_num_batched_tokens is not None or not self.enable_chunked_prefill
+                or self.batching == "static"):
             return self
         return replace(self, max_num_batched_tokens=max(SERVE_BATCHED_TOKENS,
                                                         self.max_num_seqs))
+
+    @property
+    def allocation_policy(self) -> str:
+        """The allocation the scheduler runs: as set, else incremental (Day 33), or reserve
+        under static waves."""
+        if self.allocation is not None:
+            return self.allocation
+        return "reserve" if self.batching == "static" else "incremental"
+
+    def non_default(self) -> dict:
+        """The options set away from their defaults, by name (what the server logs at start,
+        as vLLM's ``non-default args:`` line does)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != (DEFAULT_MODEL if f.name == "model" else f.default)}
 
     @property
     def persistent_batch(self) -> bool:

@@ -24,13 +24,16 @@ hand out characters that a stop string may later claim: while a request with sto
 the last ``len(longest stop) - 1`` characters are held back, as vLLM does, and released when the
 request finishes. The concatenated deltas therefore always equal the final text.
 
-``EngineCore.from_config(EngineConfig(...))`` loads a checkpoint and builds the core over it.
-What the server and the metrics read about it is one ``snapshot()``: a frozen ``CoreSnapshot`` of
-the requests running and waiting, the pool, the counters and how decode steps ran, so nothing
-above the core reaches into the engine, the scheduler or the allocator.
+The core owns its scheduler, built from the engine's config (``batching`` picks the policy:
+continuous, or Day 29's static waves), and the scheduler owns its ``KVCacheManager``.
+``nanoserve.loader.load_core(EngineConfig(...))`` loads a checkpoint and builds a core over it.
+What the front doors and the metrics read about it is one ``snapshot()``: a frozen
+``CoreSnapshot`` of the requests running and waiting, the pool, the counters and how decode steps
+ran, so nothing above the core reaches into the engine, the scheduler or the KV manager.
 
 >>> from nanoserve.config import EngineConfig
->>> core = EngineCore.from_config(EngineConfig(dtype="float32", max_num_seqs=2, block_size=4))
+>>> from nanoserve.loader import load_core
+>>> core = load_core(EngineConfig(dtype="float32", max_num_seqs=2, block_size=4))
 >>> r = core.add_request("a", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0))
 >>> [(d.request_id, len(d.new_token_ids), d.finished) for d in core.step()]  # the prefill
 [('a', 1, False)]
@@ -47,38 +50,26 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import torch
 
 from nanoserve.engine.engine import Engine, EngineBroken
+from nanoserve.engine.kv_manager import KVCacheManager
+from nanoserve.engine.outputs import CoreCounters, CoreSnapshot, RequestDelta
 from nanoserve.engine.request import Request, RequestMetrics, RequestState
 from nanoserve.engine.scheduler import Scheduler
+from nanoserve.engine.waves import WaveScheduler
 from nanoserve.sampling.params import SamplingParams
 from nanoserve.tokenizer import IncrementalDetokenizer, Tokenizer
-from nanoserve.validation import InvalidRequest, check_prompt_ids, door_check
+from nanoserve.validation import InvalidRequest, check_prompt_ids
 
 if TYPE_CHECKING:
     from nanoserve.config import EngineConfig
-    from nanoserve.loader import LoadedEngine
 
-
-@dataclass(slots=True)
-class RequestDelta:
-    """One request's news from one iteration: what its consumer has not seen yet."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_text: str
-    new_logprobs: list  # TokenLogprob per new token when params.logprobs is set, else []
-    finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | "error" once finished
-    stop_reason: int | str | None
-    num_prompt_tokens: int
-    num_output_tokens: int  # cumulative
-    error: str | None = None  # what went wrong, when finish_reason == "error"
+SCHEDULERS = {"continuous": Scheduler, "static": WaveScheduler}  # the batching option's policies
 
 
 @dataclass(slots=True)
@@ -92,84 +83,26 @@ class _Tracked:
     error: str | None = None
 
 
-@dataclass(slots=True)
-class CoreCounters:
-    """Cumulative, for the engine's whole life: what metrics and ``LLM.stats`` read."""
-
-    iterations: int = 0  # steps that ran the model
-    requests_added: int = 0
-    requests_finished: int = 0
-    requests_failed: int = 0  # finished with "error": a forward raised in their step
-    by_reason: dict = field(default_factory=dict)  # finish_reason -> count
-
-
-@dataclass(frozen=True, slots=True)
-class CoreSnapshot:
-    """What the core holds and has done, read at one moment; a copy, never a handle."""
-
-    num_running: int
-    num_waiting: int
-    num_blocks: int
-    num_free_blocks: int
-    block_size: int
-    num_preemptions: int
-    iterations: int
-    requests_added: int
-    requests_finished: int
-    requests_failed: int
-    by_reason: MappingProxyType  # finish_reason -> count
-    decode_steps: int
-    decode_steps_replayed: int  # ... that replayed a recorded window (Day 57)
-    decode_steps_scattered: int  # ... that ran the eager forward
-    decode_windows: str | None  # "cuda graphs over buckets [...]" or None
-    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache (Day 44)
-    prefix_cache_hits: int  # ... found there
-    prefix_cache_evictions: int  # cached blocks given up for new K/V
-
-    @property
-    def kv_cache_usage(self) -> float:
-        """Fraction of the pool's blocks held by requests, 0 to 1 (vLLM's kv_cache_usage)."""
-        return 1 - self.num_free_blocks / self.num_blocks
-
-
 class EngineCore:
-    loaded: LoadedEngine | None = None  # set by from_config: the model, tokenizer, dtype, ...
+    loaded = None  # what ``nanoserve.loader.load_core`` loaded: model, tokenizer, dtype, ...
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer | None,
-                 eos_token_ids: frozenset[int], max_model_len: int, vocab_size: int,
-                 max_num_seqs: int, allocation: str = "incremental",
-                 compact_rows: bool = False, max_num_batched_tokens: int | None = None,
-                 chunked_prefill: bool = True):
+    def __init__(self, engine: Engine, config: EngineConfig, num_kv_blocks: int,
+                 tokenizer: Tokenizer | None, eos_token_ids: frozenset[int], max_model_len: int,
+                 vocab_size: int):
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self.scheduler = Scheduler(engine.allocator, max_num_seqs, allocation=allocation,
-                                   on_release=engine.release_row, compact_rows=compact_rows,
-                                   on_move=engine.move_row,
-                                   max_num_batched_tokens=max_num_batched_tokens,
-                                   chunked_prefill=chunked_prefill)
+        kv = KVCacheManager.from_config(config, num_kv_blocks)
+        self.scheduler = SCHEDULERS[config.batching].from_config(
+            config, kv, max_model_len, on_release=engine.release_row, on_move=engine.move_row)
+        engine.hand_pool = kv  # rows granted by hand between steps share the scheduler's pool
         self.requests: dict[str, _Tracked] = {}  # live: added and not yet reported finished
         self.driver: str | None = None  # who steps this core; a second driver is refused
         self.counters = CoreCounters()
         self._grammars = None  # structured outputs' backend, made on first use
         self._grammars_lock = threading.Lock()
-
-    @classmethod
-    def from_config(cls, config: EngineConfig) -> EngineCore:
-        """Load what ``config`` names and build the core over it (``loader.load_engine``)."""
-        from nanoserve.loader import load_engine
-
-        loaded = load_engine(config)
-        core = cls(loaded.engine, loaded.tokenizer, loaded.eos_token_ids, loaded.max_model_len,
-                   loaded.model_config.vocab_size, config.max_num_seqs, config.allocation,
-                   compact_rows=config.persistent_batch,
-                   max_num_batched_tokens=config.resolve_max_num_batched_tokens(
-                       loaded.max_model_len),
-                   chunked_prefill=config.enable_chunked_prefill)
-        core.loaded = loaded
-        return core
 
     # ------------------------------------------------------------------ requests in
 
@@ -200,7 +133,7 @@ class EngineCore:
         if params.structured_outputs is not None:
             r.matcher = self.grammars().matcher(params.structured_outputs)
         r.metrics = RequestMetrics(time.perf_counter())
-        door_check(self.engine.allocator, r, who)
+        self.scheduler.kv_cache_manager.check_fits(r, who)
         return r
 
     def grammars(self):
@@ -337,42 +270,57 @@ class EngineCore:
     @property
     def kv_cache_usage(self) -> float:
         """Fraction of the pool's blocks held by requests, 0 to 1 (vLLM's kv_cache_usage)."""
-        pool = self.engine.allocator
-        return 1 - pool.num_free / pool.num_blocks
+        return self.scheduler.kv_cache_manager.usage
 
     def snapshot(self) -> CoreSnapshot:
-        pool, sched, e = self.engine.allocator, self.scheduler, self.engine
-        rc, graphs = e.replay_counters, e.graphs
-        c = self.counters
-        windows = None if graphs is None else f"{graphs.mode} over buckets {graphs.sizes}"
-        return CoreSnapshot(self.num_running, self.num_waiting, pool.num_blocks, pool.num_free,
-                            pool.block_size, sched.preemptions, c.iterations, c.requests_added,
-                            c.requests_finished, c.requests_failed,
-                            MappingProxyType(dict(c.by_reason)), rc.decode_steps, rc.replayed,
-                            rc.scattered, windows, sched.prefix_cache_queries,
-                            sched.prefix_cache_hits, pool.evictions)
+        kv, sched, e = self.scheduler.kv_cache_manager, self.scheduler, self.engine
+        rc, graphs, c = e.replay_counters, e.graphs, self.counters
+        return CoreSnapshot(
+            num_running=self.num_running, num_waiting=self.num_waiting,
+            num_blocks=kv.num_blocks, num_free_blocks=kv.num_free, block_size=kv.block_size,
+            num_preemptions=sched.preemptions, iterations=c.iterations,
+            requests_added=c.requests_added, requests_finished=c.requests_finished,
+            requests_failed=c.requests_failed, by_reason=MappingProxyType(dict(c.by_reason)),
+            decode_steps=rc.decode_steps, decode_steps_replayed=rc.replayed,
+            decode_steps_scattered=rc.scattered,
+            decode_windows=None if graphs is None else f"{graphs.mode} over buckets "
+                                                       f"{graphs.sizes}",
+            prefix_cache_queries=sched.prefix_cache_queries,
+            prefix_cache_hits=sched.prefix_cache_hits, prefix_cache_evictions=kv.evictions,
+            recomputed_tokens=sched.recomputed_tokens, forward_passes=e.forward_passes,
+            row_steps=e.row_steps, tokens_computed=e.tokens_computed,
+            positions_computed=e.positions_computed)
+
+    def check_invariants(self) -> None:
+        """Every block free or held by exactly one running request, every slot likewise
+        (``AssertionError`` naming what broke)."""
+        self.scheduler.check_invariants()
 
     def check_drained(self) -> None:
         """After a drain every block is back in the pool and every slot is free."""
-        pool = self.engine.allocator
-        pool.check_invariants()
+        kv = self.scheduler.kv_cache_manager
+        kv.check_invariants()
         assert not self.scheduler.has_unfinished(), "requests are still in the scheduler"
-        assert pool.num_free == pool.num_blocks, (
-            f"a KV block leaked: {pool.num_blocks - pool.num_free} of {pool.num_blocks} held")
+        assert kv.num_free == kv.num_blocks, (
+            f"a KV block leaked: {kv.num_blocks - kv.num_free} of {kv.num_blocks} held")
         self.scheduler.check_invariants()  # every slot is free again
         assert all(len(t) == 0 for t in self.engine.cache.tables), "a cache row kept blocks"
 
-    def run_to_completion(self, each_iteration=None) -> None:
-        """Step until nothing is left. ``each_iteration(scheduler, n)``, if given, runs before
-        every step (the stress test aborts requests and checks invariants there)."""
+    def release_finished(self) -> None:
+        """Give back the blocks and slots of requests that finished in the last step: what the
+        next ``step()`` would do first, for a driver that stops instead."""
+        self.scheduler.release_finished()
+
+    def close(self) -> None:
+        """Stop what the engine runs outside this process (tensor-parallel workers)."""
+        self.engine.close()
+
+    def run_to_completion(self) -> None:
+        """Step until nothing is left (the offline front door's loop)."""
         if self.driver is not None:
             raise RuntimeError(f"this engine core is driven by {self.driver}; submit requests "
                                f"there instead of stepping it from a second thread")
-        n = 0
         with torch.inference_mode():
             while self.has_unfinished():
-                if each_iteration is not None:
-                    each_iteration(self.scheduler, n)
-                n += 1
                 self.step()
 

@@ -1,7 +1,8 @@
 """The engine: a model over a paged KV cache, stepped in batches.
 
-Why this module exists: it is where the pieces meet. ``Engine`` owns the model, the block pool
-and the batched paged cache, and knows two moves:
+Why this module exists: it is where the pieces meet. ``Engine`` owns the model and the batched
+paged cache (its pools and tables; which blocks a row holds is the scheduler's KV manager's
+decision, handed over as block ids), and knows two moves:
 
 - ``prefill(rows, token_lists)``: one forward for a batch of prompts of different lengths. By
   default the prompts are *packed* into one (1, N) token stream, N the sum of their lengths, each
@@ -22,9 +23,13 @@ the requests the scheduler just admitted, one batched decode for the ones alread
 every sampled token fed back through ``Request.append_token``. A request's cache row is its
 scheduler slot and nothing else; the scheduler's ``on_release`` hook resets a row the moment its
 request lets go of it, before anyone else can land there, and its ``on_move`` hook (``move_row``,
-Day 58) relabels a row when the scheduler compacts the batch.
+Day 58) relabels a row when the scheduler compacts the batch. A static wave's finished members
+(``out.held``, Day 29) are computed in place beside its decodes; without a KV cache
+(``kv_cache=False``, Day 4) every scheduled request recomputes its whole sequence.
 
-``LLM`` (in ``llm.py``) drives these moves.
+The engine core (``core.py``) drives these moves. Days 27 to 29 drove them by hand, granting each
+row its blocks (``grant``, ``release``): from the engine's own pool on a bare engine, and from the
+scheduler's KV manager on an engine a core owns, so that one pool keeps one bookkeeper.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from nanoserve.attention.paged import BatchedPagedKVCache
 from nanoserve.config import PREFILL_POLICIES
 from nanoserve.cuda.graphs import DecodeGraphs, ReplayCounters
 from nanoserve.engine.block_allocator import BlockAllocator
-from nanoserve.engine.prefix_cache import CachingBlockAllocator
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request
 from nanoserve.sampling.sampler import sample_requests
 
@@ -56,16 +61,19 @@ class Engine:
                  max_model_len: int, fail_on_step: frozenset[int] = frozenset(),
                  prefill: str = "packed", attention: str = "gathered",
                  compile: bool | str = False, cuda_graphs: bool = False,
-                 prefix_caching: bool = False):
+                 kv_cache: bool = True):
         if prefill not in PREFILL_POLICIES:
             raise ValueError(f"prefill={prefill!r}; choose one of {PREFILL_POLICIES}")
         self.model = model
         self.device = model.embed_tokens.weight.device
         self.prefill_policy = prefill  # "packed": one stream; "padded": Day 27's rectangle
-        pool = CachingBlockAllocator if prefix_caching else BlockAllocator  # Day 43
-        self.allocator = pool(num_kv_blocks, block_size)
+        self.kv_cache = kv_cache  # False: every step recomputes whole sequences (Day 4)
         self.cache = self.cache_class.for_model(model, num_kv_blocks, block_size,
                                                    max_num_seqs, max_model_len, attention)
+        self.num_kv_blocks = num_kv_blocks
+        # Where rows granted by hand (Days 27-29, tests) take their blocks: the scheduler's KV
+        # manager once a core owns this engine (one bookkeeper for one pool), else its own.
+        self.hand_pool: BlockAllocator | KVCacheManager | None = None
         self.forward_passes = 0
         self.row_steps = 0  # rows issued, summed over forwards
         self.tokens_computed = 0  # real (unpadded) token positions run through the model
@@ -186,16 +194,18 @@ class Engine:
         return self.cache.move_row(src, dst)
 
     def _run(self, requests: list[Request], token_lists: list[list[int]], prefill: bool,
-             sample: list[bool] | None = None) -> list[Request]:
+             sample: list[bool] | None = None, hold: frozenset[int] = frozenset()
+             ) -> list[Request]:
         """One forward over ``requests`` (each its row), then a token for each row whose
-        ``sample`` is true (all by default): a chunk short of its prompt's end emits none."""
+        ``sample`` is true (all by default): a chunk short of its prompt's end emits none, nor
+        does a held row (``hold``: rows computed in place, not grown)."""
         for r in requests:
             self.sync_blocks(r)
         rows = [r.slot for r in requests]
         if prefill:
             logits = self.prefill(rows, token_lists)  # (B, V)
         else:
-            logits = self.decode(rows, [t for (t,) in token_lists])  # (B, V)
+            logits = self.decode(rows, [t for (t,) in token_lists], hold)  # (B, V)
         if sample is not None and not all(sample):
             keep = [b for b, s in enumerate(sample) if s]
             if not keep:
@@ -212,7 +222,7 @@ class Engine:
         Always under inference mode, whoever steps: ``LLM`` and the async engine enter it, but a
         caller of ``EngineCore.step`` need not, and with autograd on every op records a graph no
         one will use (and oneDNN's packed linear chose its training primitive; see
-        ``PackedLinear.run``).
+        ``OpaqueLinearMethod.apply``).
 
         Chunked prefill (``out.mixed``, Day 41) puts both in one packed forward: each chunk's
         tokens, then each decode's one token, every row at its own positions. A step with no
@@ -221,6 +231,8 @@ class Engine:
         self.steps += 1
         if self.steps in self.fail_on_step:
             raise InjectedFault(f"injected fault on engine step {self.steps}")
+        if not self.kv_cache:
+            return self._step_uncached(out)
         chunks = out.chunks
         for c in chunks:  # a prefix hit: the row starts with cached blocks it did not compute
             if self.cache.lengths[c.request.slot] != c.start:
@@ -235,22 +247,49 @@ class Engine:
         if chunks:
             finished += self._run([c.request for c in chunks], tokens, True,
                                   [c.completes for c in chunks])
-        if out.decode:
+        if out.held:  # a static wave: its finished members computed in place, in row order
+            wave = sorted(out.decode + out.held, key=lambda r: r.slot)
+            finished += self._run(wave, [[r.output_token_ids[-1]] for r in wave], False,
+                                  [not r.is_finished for r in wave],
+                                  frozenset(r.slot for r in out.held))
+        elif out.decode:
             finished += self._run(out.decode, decode_tokens, False)
         return finished
 
-    # ------------------------------------------------------------ static batches (Day 29)
+    def _step_uncached(self, out) -> list[Request]:
+        """Day 4: no cache, so each request that gets a token this step runs its whole
+        sequence through the model again, alone (a prompt chunk short of its end computes
+        nothing: there is nowhere to keep its K/V)."""
+        finished = []
+        for r in out.sampled:
+            seq = r.token_ids
+            ids = torch.tensor([seq], device=self.device)  # (1, T)
+            h = self.model(ids, torch.arange(len(seq), device=self.device)[None])  # (1, T, E)
+            self.forward_passes += 1
+            self.row_steps += 1
+            self.tokens_computed += len(seq)
+            self.positions_computed += len(seq)
+            token = sample_requests(self.model.compute_logits(h[:, -1]), [r])[0]
+            if r.append_token(token):
+                finished.append(r)
+        return finished
+
+    # ------------------------------------------------------------ rows by hand (Days 27-29)
 
     def grant(self, row: int, num_tokens: int) -> None:
-        """Make row ``row`` able to hold ``num_tokens`` tokens, allocating blocks atomically."""
+        """Make row ``row`` able to hold ``num_tokens`` tokens, its blocks from ``hand_pool``,
+        all or none: how Days 27 to 29 drove the engine, before a scheduler did. Between a
+        core's steps only: the rows are released before the scheduler runs again."""
+        if self.hand_pool is None:
+            self.hand_pool = BlockAllocator(self.num_kv_blocks, self.cache.block_size)
         table = self.cache.tables[row]
-        need = self.allocator.blocks_for_length(num_tokens) - len(table)
+        need = self.hand_pool.blocks_for_length(num_tokens) - len(table)
         if len(table) + need > table.capacity:
             raise ValueError(f"row {row}: {num_tokens} tokens exceed max_model_len="
                              f"{self.cache.max_model_len}")
         if need > 0:
-            table.extend(self.allocator.allocate(need))
+            table.extend(self.hand_pool.allocate(need))
 
     def release(self, row: int) -> None:
-        """Reset a row and return its blocks to the pool."""
-        self.allocator.free(self.cache.reset_row(row))
+        """Reset a row granted by hand and return its blocks to ``hand_pool``."""
+        self.hand_pool.free(self.cache.reset_row(row))

@@ -6,65 +6,60 @@ All of that happens in ``schedule()``, in one order that matters:
 
 1. **release** the finished: their blocks go back to the pool, their slot to the free list, and
    ``on_release`` lets the engine reset the cache row;
-2. **grow** the running (Day 33): oldest first, each gets the block its next token needs; when
+2. **grow** the running (Day 33): oldest first, each gets the blocks its next tokens need; when
    the pool is dry the youngest running request is *preempted* (blocks and slot back, generated
    tokens kept, head of the waiting queue) and later resumes by recomputing its K/V;
 3. **compact** the running into rows 0..n-1 (Day 58, only with ``compact_rows=True``): each
-   request above a hole is moved into it through the engine's ``on_move`` (a relabel of the
-   cache row, no K/V copied), so a recorded decode window can replay every step;
-4. **admit** what fits, first come first served.
+   request above a hole moves into it through the engine's ``on_move`` (a relabel of the cache
+   row, no K/V copied), so a recorded decode window can replay every step;
+4. **admit** what fits, first come first served, never past a blocked head (looking past it
+   raises utilisation today and starves large prompts forever).
 
 Reversed, a slot freed this iteration would sit idle until the next one: correct output, one
-wasted row per completion, and no correctness test would notice.
+wasted row per completion, and no correctness test would notice. Compaction sits after growth
+because a preemption opens holes halfway through a batch, and before admission because filling a
+hole with a newcomer would still leave the survivor above it out of place.
 
-Under a token budget (``max_num_batched_tokens``, Day 41) the same order spends it: one token
-for every running decode, then the prompt tokens of running prefills and newcomers, the last cut
-to what is left (``chunked_prefill``) or left waiting whole. A request keeps ``num_computed_tokens``
-(advanced when its tokens are scheduled) and emits nothing until its last chunk; ``Chunk`` names
-the work, ``SchedulerOutput.sampled`` who gets a token. Without a budget nothing changes.
-Over a prefix-caching pool (``prefix_cache.py``, Day 43) a newcomer starts from the longest run
-of its prompt's full blocks found cached, and the blocks each step fills are registered as it is
-scheduled.
+The same order spends the step's token budget (``max_num_batched_tokens``, Day 41): one token for
+every running decode, then the prompt tokens of running prefills and newcomers, the last cut to
+what is left (``chunked_prefill``) or left waiting whole. A request's ``num_computed_tokens``
+advances when its tokens are scheduled, and it emits nothing until its last chunk. The budget is
+always a number: a bare scheduler's is unbounded (``math.inf``: whole prompts, as before Day 41),
+an engine's comes from its config, and its one rule is ``config.engine.budget_problem``.
 
-Admission needs two resources, checked separately because they run out for different reasons: a
-*slot* (a row of the batched cache, handed out lowest index first) and *KV blocks*. How many
-blocks is ``blocks_needed_for``, the only allocation rule, under one of two policies:
-``"incremental"`` (Day 33, the engine's default) buys what the tokens occupy, a block at a time;
-``"reserve"`` (Week 8) books ``worst_case_tokens`` in one all-or-nothing allocation, prompt plus
-the whole remaining budget, which guarantees an admitted request never runs short and never needs
-preempting, at the price of memory nobody writes. Out of slots: the batch is at capacity while
-memory remains. Out of blocks: memory is exhausted while rows remain.
-``blocked_on_slots`` and ``blocked_on_blocks`` count each. The queue is FIFO and never skips a
-blocked head: looking past it for a smaller request raises utilisation today and starves large
-prompts forever.
-
-Compaction sits after growth because a preemption opens holes halfway through a batch, before
-admission because filling a hole with a newcomer would still leave the survivor above it out of
-place, and inside ``schedule()`` because the rows it writes are storage that a captured graph
-reads on every replay: between steps nothing is reading them. Off by default, and then nothing
-ever moves: a request keeps the row it was admitted to.
-
-``add`` runs the door check (``validation.door_check``): a request whose worst case exceeds the
-whole empty pool could never be admitted, and waiting for it would hang.
+Admission needs a *slot* (a row of the batched cache, lowest free first) and *KV blocks*, and
+``blocked_on_slots`` and ``blocked_on_blocks`` count which ran out. The blocks come from the
+scheduler's own ``KVCacheManager`` (prefix caching, Day 43, is its policy: the scheduler asks the
+same questions either way), in the amounts ``blocks_needed_for`` says, the only allocation rule:
+``"incremental"`` (Day 33) buys what the tokens occupy, a block at a time; ``"reserve"`` (Week 8)
+books the worst case, prompt plus the whole remaining budget, up front, so an admitted request
+never runs short and is never preempted, at the price of memory nobody writes. ``add`` runs the
+door check (``KVCacheManager.check_fits``). Static waves (Day 29) are this machinery under
+another policy (``waves.py``).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from nanoserve.config import ALLOCATION_POLICIES
-from nanoserve.engine.block_allocator import BlockAllocator
+from nanoserve.config.engine import budget_problem
 from nanoserve.engine.compact import RowCompactor, RowMove
-from nanoserve.engine.prefix_cache import commit_blocks, match_prefix
+from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request, RequestState
 from nanoserve.engine.scheduler_output import Chunk, SchedulerOutput
-from nanoserve.validation import InvalidRequest, door_check
+from nanoserve.validation import InvalidRequest
+
+if TYPE_CHECKING:
+    from nanoserve.config import EngineConfig
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, max_num_seqs: int,
+    def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int,
                  allocation: str = "reserve",
                  on_release: Callable[[Request], None] | None = None,
                  compact_rows: bool = False,
@@ -74,14 +69,14 @@ class Scheduler:
             raise ValueError(f"allocation={allocation!r}; choose one of {ALLOCATION_POLICIES}")
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-        if max_num_batched_tokens is not None and max_num_batched_tokens < max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is below "
-                             f"max_num_seqs={max_num_seqs}: a full batch could not decode")
-        self.allocator = allocator
+        if why := budget_problem(max_num_batched_tokens, max_num_seqs):
+            raise ValueError(why)
+        self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = max_num_seqs
-        # Day 41: None schedules as before the budget (whole prompts, admitted by slots and
-        # blocks alone); a number caps the tokens each step computes, decodes first.
-        self.max_num_batched_tokens = max_num_batched_tokens
+        # Day 41: the tokens one step may compute, decodes first; unset, no step is capped
+        # (whole prompts, admitted by slots and blocks alone) and nothing is chunked.
+        self.max_num_batched_tokens = (math.inf if max_num_batched_tokens is None
+                                       else max_num_batched_tokens)
         self.chunked_prefill = chunked_prefill and max_num_batched_tokens is not None
         self.allocation = allocation
         self.on_release = on_release
@@ -102,9 +97,27 @@ class Scheduler:
         self.blocked_on_budget = 0  # admission stopped: this step's tokens are spent (Day 41)
         self.preemptions = 0
         self.recomputed_tokens = 0  # tokens re-prefilled when preempted requests resume
-        self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache (Day 44)
-        self.prefix_cache_hits = 0  # ... of which were found cached
         self._arrivals = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, kv_cache_manager: KVCacheManager,
+                    max_model_len: int, **hooks) -> Scheduler:
+        """The scheduler an engine config asks for (``hooks``: the engine's ``on_release`` and
+        ``on_move``), its budget resolved against ``max_model_len``."""
+        return cls(kv_cache_manager, config.max_num_seqs, allocation=config.allocation_policy,
+                   compact_rows=config.persistent_batch,
+                   max_num_batched_tokens=config.resolve_max_num_batched_tokens(max_model_len),
+                   chunked_prefill=config.enable_chunked_prefill, **hooks)
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens of new requests looked up in the prefix cache (Day 44)."""
+        return self.kv_cache_manager.prefix_cache_queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """... of which were found cached."""
+        return self.kv_cache_manager.prefix_cache_hits
 
     # ------------------------------------------------------------------ requests in
 
@@ -112,9 +125,9 @@ class Scheduler:
         if request.state is not RequestState.WAITING:
             raise ValueError(f"request {request.request_id!r} is {request.state.value}, "
                              f"not waiting")
-        door_check(self.allocator, request, f"request {request.request_id!r}")
+        self.kv_cache_manager.check_fits(request, f"request {request.request_id!r}")
         budget = self.max_num_batched_tokens
-        if budget is not None and not self.chunked_prefill and request.worst_case_tokens > budget:
+        if not self.chunked_prefill and request.worst_case_tokens > budget:
             raise InvalidRequest(f"request {request.request_id!r}: prompt + max_tokens = "
                                  f"{request.worst_case_tokens} tokens, past the step budget of "
                                  f"{budget} with chunked prefill off, so it could never be "
@@ -131,8 +144,8 @@ class Scheduler:
             self.waiting.remove(request)
             request.finish(reason)
         elif request.state is RequestState.RUNNING:
-            if reason == "error" and self.allocator.caching:  # its step never wrote its K/V
-                self.allocator.forget(request.blocks)
+            if reason == "error":  # its step never wrote its K/V: nothing may find it
+                self.kv_cache_manager.forget(request.blocks)
             request.finish(reason)
             self.running.remove(request)
             self._release(request)
@@ -154,25 +167,12 @@ class Scheduler:
         """Release the finished, then grow the running, then compact them, then admit what
         fits. The order is the point: growth before admission means a newcomer never takes the
         block a running request needs for its next token, and compaction between the two sweeps
-        the holes growth's preemptions opened without ever moving a newcomer. Under a token
-        budget the same order spends it: running decodes, then running prefills, then
-        newcomers (``_schedule_budgeted``)."""
+        the holes growth's preemptions opened without ever moving a newcomer. The token budget
+        is spent in the same order: every running decode one token first, then running
+        prefills first come first served, then newcomers; with chunked prefill the last prompt
+        that does not fit is cut to what is left, without it it waits whole."""
         self.schedule_calls += 1
         out = SchedulerOutput(finished=self._release_finished())
-        if self.max_num_batched_tokens is not None:
-            return self._schedule_budgeted(out)
-        out.preempted = self._grow_running()
-        out.moves = self._compact()
-        out.decode = list(self.running)
-        self._commit(out)
-        out.chunks = self._admit()
-        out.admitted = [c.request for c in out.chunks]
-        return self._commit_decodes(out)
-
-    def _schedule_budgeted(self, out: SchedulerOutput) -> SchedulerOutput:
-        """Spend ``max_num_batched_tokens`` (Day 41): every running decode one token first,
-        then running prefills first come first served, then newcomers; with chunked prefill the
-        last prompt that does not fit is cut to what is left, without it it waits whole."""
         left = self.max_num_batched_tokens
         plan: dict[Request, int] = {}
         by_age = sorted(self.running, key=lambda r: r.arrival)
@@ -203,23 +203,23 @@ class Scheduler:
         return self._commit_decodes(out)
 
     def _commit(self, out: SchedulerOutput) -> None:
-        """The running's scheduled tokens count as computed; with prefix caching the blocks
-        they fill enter the map now, before admission, so a newcomer can share them. A decode's
-        block waits for ``_commit_decodes`` unless the step is one forward (``mixed``): with
-        two, the prefill runs first and would read the decode's last cell before it is written."""
+        """The running's scheduled tokens count as computed; the blocks they fill are committed
+        to the KV manager now (findable, with prefix caching), before admission, so a newcomer
+        can share them. A decode's block waits for ``_commit_decodes`` unless the step is one
+        forward (``mixed``): with two, the prefill runs first and would read the decode's last
+        cell before it is written."""
         for c in out.chunks:
             c.request.num_computed_tokens = c.start + c.n
         for r in out.decode:
             r.num_computed_tokens = r.num_tokens  # its last token's K/V lands this step
-        if self.allocator.caching:
-            for r in out.scheduled if out.mixed else [c.request for c in out.chunks]:
-                commit_blocks(self.allocator, r)
+        for r in out.scheduled if out.mixed else [c.request for c in out.chunks]:
+            self.kv_cache_manager.commit(r)
 
     def _commit_decodes(self, out: SchedulerOutput) -> SchedulerOutput:
-        """Two forwards (no chunking): register the decodes' blocks after admission."""
-        if self.allocator.caching and not out.mixed:
+        """Two forwards (no chunking): commit the decodes' blocks after admission."""
+        if not out.mixed:
             for r in out.decode:
-                commit_blocks(self.allocator, r)
+                self.kv_cache_manager.commit(r)
         return out
 
     def blocks_needed_for(self, request: Request, upto: int | None = None) -> int:
@@ -233,33 +233,30 @@ class Scheduler:
         """
         target = (request.worst_case_tokens if self.allocation == "reserve"
                   else request.num_tokens if upto is None else upto)
-        return max(0, self.allocator.blocks_for_length(target) - len(request.blocks))
+        return max(0, self.kv_cache_manager.blocks_for_length(target) - len(request.blocks))
 
     def _grow_running(self, plan: dict[Request, int] | None = None) -> list[Request]:
-        """Oldest first, give each running request the blocks its next token needs (or, under
-        a budget, its planned tokens), taking them from the youngest running request when the
+        """Oldest first, give each running request the blocks its planned tokens need (all it
+        has not computed, by default), taking them from the youngest running request when the
         pool is dry. The oldest is never a victim, so it always finishes and the pool always
         drains. A victim leaves the plan."""
+        if plan is None:
+            plan = {r: r.num_tokens - r.num_computed_tokens for r in self.running}
         preempted: list[Request] = []
+        kv = self.kv_cache_manager
         for r in sorted(self.running, key=lambda r: r.arrival):
-            if r.state is not RequestState.RUNNING:
-                continue  # preempted earlier in this pass
-            if plan is None:
-                need = self.blocks_needed_for(r)
-            elif r in plan:
-                need = self.blocks_needed_for(r, r.num_computed_tokens + plan[r])
-            else:
-                continue  # no tokens this step: nothing to grow
-            while need > self.allocator.num_free:
+            if r.state is not RequestState.RUNNING or r not in plan:
+                continue  # preempted earlier in this pass, or no tokens this step
+            need = self.blocks_needed_for(r, r.num_computed_tokens + plan[r])
+            while need > kv.num_free:
                 victim = max(self.running, key=lambda v: v.arrival)  # the youngest
                 self._preempt(victim)
                 preempted.append(victim)
-                if plan is not None:
-                    plan.pop(victim, None)
+                plan.pop(victim, None)
                 if victim is r:  # nobody younger to evict: its own victim
                     break
             if r.state is RequestState.RUNNING and need:
-                r.blocks += self.allocator.allocate(need)
+                r.blocks += kv.allocate(need)
         return preempted
 
     def _compact(self) -> list[RowMove]:
@@ -296,7 +293,7 @@ class Scheduler:
     def _return_resources(self, request: Request) -> None:
         if self.on_release is not None:  # the engine resets the row while the slot moves
             self.on_release(request)
-        self.allocator.free(request.blocks)
+        self.kv_cache_manager.free(request.blocks)
         request.blocks = []
         heapq.heappush(self._free_slots, request.slot)
         request.slot = None
@@ -310,7 +307,7 @@ class Scheduler:
         blocks and slots. An engine that stops, and so runs no next step, calls it last."""
         return self._release_finished()
 
-    def _release_finished(self) -> list[Request]:
+    def _release_finished(self) -> list[Request]:  # a policy may hold the finished longer
         done, self._aborted = self._aborted, []
         for r in [r for r in self.running if r.is_finished]:
             self.running.remove(r)
@@ -318,78 +315,58 @@ class Scheduler:
             done.append(r)
         return done
 
-    def _admit(self, left: int | None = None) -> list[Chunk]:
+    def _admit(self, left: float = math.inf) -> list[Chunk]:
         """First come first served, never past a blocked head; each admitted with the prompt
-        tokens it computes this step, counted as computed (and, with prefix caching, its
-        blocks registered) at once, so the next newcomer of this step can hit them. ``left``:
-        what remains of the token budget (``None``: no budget, whole prompts)."""
-        admitted = []
+        tokens it computes this step (``left``: what remains of the step's budget), counted as
+        computed and committed to the KV manager at once, so the next newcomer of this step can
+        hit them."""
+        admitted, kv = [], self.kv_cache_manager
         while self.waiting:
             head = self.waiting[0]
             if not self._free_slots:
                 self.blocked_on_slots += 1
                 break
-            hit = match_prefix(self.allocator, head) if self.allocator.caching else []
-            start = len(hit) * self.allocator.block_size  # a prefix hit is computed already
-            n = head.num_tokens - start
-            if left is not None:
-                if self.chunked_prefill:
-                    n = min(n, left)
-                if n < 1 or n > left:
-                    self.blocked_on_budget += 1
-                    break
+            hit = kv.find_prefix(head)
+            start = len(hit) * kv.block_size  # a prefix hit is computed already
+            n = min(head.num_tokens - start, left) if self.chunked_prefill else \
+                head.num_tokens - start
+            if n < 1 or n > left:
+                self.blocked_on_budget += 1
+                break
             need = self.blocks_needed_for(head, start + n) - len(hit)
-            if not self.allocator.can_allocate(need + (self.allocator.free_cost(hit)
-                                                       if hit else 0)):
+            if not kv.can_allocate(need, hit):
                 self.blocked_on_blocks += 1
                 break  # FIFO: never look past a blocked head
             self.waiting.popleft()
             if head.num_preemptions:  # resuming: its history is prefilled again, bar hits
                 self.recomputed_tokens += head.num_tokens - start
-            if self.allocator.caching:
-                self.allocator.take(hit)
-                if not head.num_preemptions:  # vLLM's counters: new requests' lookups only
-                    self.prefix_cache_queries += head.num_tokens
-                    self.prefix_cache_hits += start
-            head.blocks = hit + self.allocator.allocate(need)
+            head.blocks = kv.admit(head, hit, need)
             head.num_computed_tokens, head.num_cached_blocks = start + n, len(hit)
-            if self.allocator.caching:
-                commit_blocks(self.allocator, head)
+            kv.commit(head)
             head.slot = heapq.heappop(self._free_slots)
             head.transition(RequestState.RUNNING)
             self.running.append(head)
             admitted.append(Chunk(head, start, n))
-            if left is not None:
-                left -= n
+            left -= n
         self.admitted_total += len(admitted)
         return admitted
 
     # ------------------------------------------------------------------ what it costs
 
     def fragmentation_waste(self) -> float:
-        """Share of the slots in running requests' occupied blocks that no token fills: the
-        tail of each sequence's last block, at most block_size - 1 tokens per sequence."""
-        bs = self.allocator.block_size
-        slots = sum(self.allocator.blocks_for_length(r.num_tokens) for r in self.running) * bs
-        if slots == 0:
-            return 0.0
-        return 1 - sum(r.num_tokens for r in self.running) / slots
+        """``KVCacheManager.fragmentation_waste`` of the running requests."""
+        return self.kv_cache_manager.fragmentation_waste(self.running)
 
     def reservation_waste(self) -> float:
-        """Share of the blocks held by running requests that hold no token yet (0.0 by
-        construction under ``incremental``: held and needed come from the same number)."""
-        reserved = sum(len(r.blocks) for r in self.running)
-        if reserved == 0:
-            return 0.0
-        occupied = sum(min(len(r.blocks), self.allocator.blocks_for_length(r.num_tokens))
-                       for r in self.running)
-        return 1 - occupied / reserved
+        """``KVCacheManager.reservation_waste`` of the running requests."""
+        return self.kv_cache_manager.reservation_waste(self.running)
 
     def check_invariants(self) -> None:
         """Every block is either free or held by exactly one running request; slots likewise."""
-        self.allocator.check_invariants()
+        kv = self.kv_cache_manager
+        kv.check_invariants()
         held = [b for r in self.running for b in r.blocks]
-        assert len(held) == len(set(held)) == self.allocator.num_held, "blocks out of balance"
+        assert len(held) == len(set(held)) == kv.num_held, "blocks out of balance"
         slots = [r.slot for r in self.running]
         assert len(set(slots)) == len(slots), "two running requests share a slot"
         assert sorted(slots + self._free_slots) == list(range(self.max_num_seqs)), "slot lost"

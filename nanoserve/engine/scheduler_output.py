@@ -6,6 +6,8 @@ request is in ``chunks`` when this step computes prompt tokens for it (a newcome
 chunked prefill, or a resumed preemption), in ``decode`` when it computes the one token it
 sampled last; ``sampled`` is who gets a new token, which a chunk short of its prompt's end does
 not. ``mixed`` says the engine runs both kinds in one forward (chunked prefill, Day 41).
+``held`` (static waves, Day 29) are finished members of a wave whose rows are still computed,
+in place, beside ``decode``, and sampled for nobody.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class SchedulerOutput:
     moves: list[RowMove] = field(default_factory=list)  # rows relabelled this call (compact_rows)
     chunks: list[Chunk] = field(default_factory=list)  # prefill work: admitted and continuing
     mixed: bool = False  # one forward carries chunks and decodes (chunked prefill, Day 41)
+    held: list[Request] = field(default_factory=list)  # static waves: finished, still computed
 
     @property
     def num_scheduled(self) -> int:

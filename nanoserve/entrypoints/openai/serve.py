@@ -113,7 +113,10 @@ def main(args: argparse.Namespace) -> int:
             return 2
         template = path.read_text()
     try:
-        config = EngineConfig.from_cli_args(args).for_serving()
+        asked = EngineConfig.from_cli_args(args)
+        log.info("non-default args: %s", ", ".join(f"{k}={v}" for k, v in
+                                                    asked.non_default().items()) or "none")
+        config = asked.for_serving()
         rank = worker_rank(config)
         if rank:  # torchrun's rank > 0: run rank 0's forwards; rank 0 alone listens
             log.info("tensor-parallel rank %d: serving rank 0's forwards", rank)
@@ -124,8 +127,8 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"nanoserve serve: error: {e}", file=sys.stderr)
         return 2
-    log.info("token budget: %s tokens a step, chunked prefill %s, prefix caching %s",
-             config.max_num_batched_tokens or "max_model_len",
+    log.info("batching %s; token budget: %s tokens a step, chunked prefill %s, prefix caching %s",
+             config.batching, config.max_num_batched_tokens or "max_model_len",
              "on" if config.enable_chunked_prefill else "off",
              "on" if config.enable_prefix_caching else "off")
     snap = engine.snapshot()
