@@ -8,6 +8,8 @@ The serving engine is ``LLM``'s sibling over the same kind of core; both take ``
 options (``AsyncLLM(EngineConfig(max_num_seqs=16))``, or ``LLM(max_num_seqs=16)``).
 """
 
+from importlib.metadata import version
+
 from nanoserve.async_engine import AsyncLLM
 from nanoserve.config import EngineConfig
 from nanoserve.llm import LLM, RequestOutput
@@ -16,4 +18,4 @@ from nanoserve.structured.params import StructuredOutputsParams
 
 __all__ = ["AsyncLLM", "EngineConfig", "LLM", "RequestOutput", "SamplingParams",
            "StructuredOutputsParams"]
-__version__ = "0.1.0"
+__version__ = version("nanoserve")  # pyproject.toml's, as installed

@@ -205,7 +205,7 @@ def package_run() -> dict:
     with one_thread():
         llm = LLM(SHIPPED, compile=True, **KW)
         c = llm.engine.compiled
-        met, compiling_calls, bucket, fn = set(), [0], c.bucket, c._fn
+        met, compiling_calls, bucket, fn = set(), [0], c.bucket, c.fn
         c.bucket = lambda B: met.add(bucket(B)) or bucket(B)
 
         def counted(*args):
@@ -214,7 +214,7 @@ def package_run() -> dict:
             compiling_calls[0] += c.compiles > before
             return out
 
-        c._fn = counted
+        c.fn = counted
         tokens = [o.token_ids for o in llm.generate(PROMPTS, _params())]
         first = dict(compiles=c.compiles, calls=c.calls, compiling=compiling_calls[0],
                      decode_steps=llm.stats.decode_steps, forwards=llm.stats.forward_passes,

@@ -1,4 +1,11 @@
-"""Benchmarks and harnesses that the chapters' tables come from."""
+"""Benchmarks and harnesses that the chapters' tables come from.
+
+Why this package exists: every number a chapter states about speed or scheduling is measured by
+a command here (``nanoserve bench ...``, ``python -m nanoserve.bench.<name>``), one file per
+benchmark, beside the shapes, workloads, hardware descriptions and peer adapters they share.
+
+May import: everything below it (ARCHITECTURE.md), through public names only.
+"""
 
 
 def run_sync(coro):

@@ -19,7 +19,7 @@ from nanoserve.bench.serve_metrics import print_table, rounded
 from nanoserve.bench.workload import DATASETS
 
 
-def _rates(text: str) -> list[float]:
+def rates(text: str) -> list[float]:
     try:
         rates = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "engine options below")
     p.add_argument("--served-model-name", default=None,
                    help="the request's model field (default: the first of /v1/models)")
-    p.add_argument("--rates", type=_rates, default=[1.0, 2.0, 4.0, math.inf],
+    p.add_argument("--rates", type=rates, default=[1.0, 2.0, 4.0, math.inf],
                    help="comma-separated request rates per second; inf sends all at once")
     p.add_argument("--requests", type=int, default=64, help="requests per rate")
     p.add_argument("--dataset-name", choices=DATASETS, default="random",

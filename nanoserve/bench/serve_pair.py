@@ -103,12 +103,12 @@ def print_summary(report: dict, title: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from nanoserve.bench.serve_cli import _rates
+    from nanoserve.bench.serve_cli import rates
     from nanoserve.bench.workload import DATASETS
 
     p.add_argument("--model", required=True, help="the checkpoint both servers load")
     p.add_argument("--peer", choices=("vllm", "nanoserve"), default="vllm")
-    p.add_argument("--rates", type=_rates, default=[1.0, 4.0, math.inf])
+    p.add_argument("--rates", type=rates, default=[1.0, 4.0, math.inf])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=32, help="requests per rate and round")
     p.add_argument("--dataset-name", choices=DATASETS, default="random")

@@ -40,7 +40,8 @@ SMOLLM2_135M = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9
 
 
 def positions() -> None:
-    from nanoserve import LLM, SamplingParams
+    from nanoserve.llm import LLM
+    from nanoserve.sampling.params import SamplingParams
     prompts = [list(range(2, 2 + n)) for n in (5, 12, 40, 3, 90, 17, 8, 60)]
     for policy in ("packed", "padded"):
         llm = LLM(dtype="float32", prefill=policy, max_num_seqs=8)
@@ -80,7 +81,8 @@ def bf16() -> None:
 
 
 def decode(arms: list[str], dtype: str, steps: int, ragged: bool) -> None:
-    from nanoserve import LLM, SamplingParams
+    from nanoserve.llm import LLM
+    from nanoserve.sampling.params import SamplingParams
     from nanoserve.testing import write_hf_checkpoint
     d = write_hf_checkpoint(tempfile.mkdtemp(), "tied", **SMOLLM2_135M)
     g = torch.Generator().manual_seed(0)
@@ -103,7 +105,7 @@ def decode(arms: list[str], dtype: str, steps: int, ragged: bool) -> None:
                 return out
             return run
         if llm.engine.compiled is not None:
-            llm.engine.compiled._fn = timed(llm.engine.compiled._fn)
+            llm.engine.compiled.fn = timed(llm.engine.compiled.fn)
         else:
             llm.model.forward = timed(llm.model.forward)
             llm.model.compute_logits = timed(llm.model.compute_logits)
@@ -172,8 +174,9 @@ def profile(dtype: str, steps: int, top: int) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from nanoserve import LLM, SamplingParams
     from nanoserve.bench.shapes import shape_checkpoint
+    from nanoserve.llm import LLM
+    from nanoserve.sampling.params import SamplingParams
 
     torch.set_num_threads(1)
     arms = {"before (kernels=False, attention=gathered)": dict(kernels=False,
@@ -224,9 +227,9 @@ def pages(dtype: str, pairs: int) -> None:
     layer's own weights, then the LM head) streamed from their copies on 2 MiB pages (the
     default, ``huge_pages.py``) and from plain clones on 4 KiB pages, alternately, ``pairs``
     times; the median of the paired ratios, with the 10th and 90th percentiles."""
-    from nanoserve import LLM
     from nanoserve.bench.shapes import shape_checkpoint
     from nanoserve.layers.linear_methods import small_copies
+    from nanoserve.llm import LLM
 
     torch.set_num_threads(1)
     llm = LLM(str(shape_checkpoint("smollm2-135m")), dtype=dtype, skip_tokenizer_init=True,
@@ -308,9 +311,10 @@ def layers(dtype: str, pairs: int) -> None:
     """One thread, 8 rows of the SmolLM2-135M shape decoding (prompts of 40 to 96 tokens): whole
     engine steps with the layer loop as one C++ op (``decode_layers``) and with fused.py's
     Python loop, alternately, ``pairs`` times; the median step of each and of their ratio."""
-    from nanoserve import LLM, SamplingParams
     from nanoserve.bench.shapes import shape_checkpoint
     from nanoserve.layers.linear_methods import linears
+    from nanoserve.llm import LLM
+    from nanoserve.sampling.params import SamplingParams
 
     torch.set_num_threads(1)
     llm = LLM(str(shape_checkpoint("smollm2-135m")), dtype=dtype, skip_tokenizer_init=True,

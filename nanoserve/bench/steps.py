@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nanoserve import LLM, SamplingParams
 from nanoserve.bench.workload import Workload
 from nanoserve.config import DEFAULT_MODEL
+from nanoserve.llm import LLM
+from nanoserve.sampling.params import SamplingParams
 
 
 @dataclass

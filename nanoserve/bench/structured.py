@@ -64,13 +64,13 @@ class SamplerClock:
     def __enter__(self):
         from nanoserve.structured import mask
 
-        self._mask, self._fill, self._apply = mask, mask.fill, mask.apply
+        self.mask, self.real_fill, self.real_apply = mask, mask.fill, mask.apply
         clock = self
 
         def fill(matchers, vocab_size):
             t0 = time.perf_counter()
             try:
-                return clock._fill(matchers, vocab_size)
+                return clock.real_fill(matchers, vocab_size)
             finally:
                 clock.fill_s += time.perf_counter() - t0
 
@@ -78,7 +78,7 @@ class SamplerClock:
             clock.steps += bool(rows)
             t0 = time.perf_counter()
             try:
-                return clock._apply(logits, rows, matchers)
+                return clock.real_apply(logits, rows, matchers)
             finally:
                 clock.apply_s += time.perf_counter() - t0
 
@@ -86,7 +86,7 @@ class SamplerClock:
         return self
 
     def __exit__(self, *exc):
-        self._mask.fill, self._mask.apply = self._fill, self._apply
+        self.mask.fill, self.mask.apply = self.real_fill, self.real_apply
 
 
 def overhead(llm, rows: int = 8, constrained: int = 4, tokens: int = 64, rounds: int = 3) -> dict:

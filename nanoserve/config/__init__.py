@@ -3,7 +3,11 @@
 Why this package exists: every shape comes from the checkpoint's ``config.json``
 (``ModelConfig``, ``model.py``), and every engine option comes from one frozen dataclass
 (``EngineConfig``, ``engine.py``) that ``LLM``, ``AsyncLLM``, ``nanoserve serve`` and the
-benchmarks all build from. Nothing else lists an option, its default or its limit.
+benchmarks all build from. Nothing else lists an option, its default or its limit. The attention
+option's names, and the backend class each names, are ``attention.py``; ``cpus.py`` is the
+syntax of ``threads_bind``.
+
+May import: nothing else of nanoserve; it is the bottom of the layers.
 """
 
 from __future__ import annotations

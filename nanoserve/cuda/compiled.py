@@ -100,7 +100,7 @@ class CompiledDecode:
         code = forward.__code__.replace(co_name=f"decode_forward_{next(_INSTANCES)}")
         forward = types.FunctionType(code, forward.__globals__, code.co_name,
                                      forward.__defaults__, forward.__closure__)
-        self._fn = torch.compile(forward, backend=self._inductor, dynamic=False, fullgraph=True)
+        self.fn = torch.compile(forward, backend=self._inductor, dynamic=False, fullgraph=True)
 
     def _inductor(self, gm, example_inputs):
         self.compiles += 1
@@ -121,7 +121,7 @@ class CompiledDecode:
         _ACTIVE.cache, _ACTIVE.rows = cache, B
         before, t0 = self.compiles, time.perf_counter()
         try:
-            logits = self._fn(ids, pos)
+            logits = self.fn(ids, pos)
         finally:
             _ACTIVE.cache, _ACTIVE.rows = None, 0
         if self.compiles > before:

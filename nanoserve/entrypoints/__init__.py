@@ -3,4 +3,6 @@
 Why this package exists: the engine (core, ``LLM``, ``AsyncLLM``) knows nothing of HTTP, and the
 layer that speaks a wire protocol should sit above it where it can be read, and replaced, whole.
 vLLM keeps the same split under ``vllm/entrypoints/``.
+
+May import: ``nanoserve.async_engine`` and what lies below it (ARCHITECTURE.md).
 """

@@ -12,4 +12,6 @@ view of the vocabulary from the checkpoint's own ``tokenizer.json`` (byte-fallba
 tokens included) without transformers, and compiles JSON schemas, regexes and Lark or GBNF
 grammars lazily, so a grammar costs little before its first mask. xgrammar would bring
 transformers, triton and a second FFI runtime into the serving install.
+
+May import: ``nanoserve.cpu`` (the bitmask op), ``nanoserve.validation``.
 """

@@ -29,12 +29,12 @@ import logging
 import secrets
 import uuid
 from contextlib import asynccontextmanager
+from importlib.metadata import version as package_version
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from nanoserve import __version__
 from nanoserve.async_engine import Overloaded
 from nanoserve.entrypoints.openai import chat, completions, tokenization
 from nanoserve.entrypoints.openai.context import ServingContext, serving
@@ -74,7 +74,7 @@ async def health(request: Request):
 
 @router.get("/version")
 async def version():
-    return {"version": __version__}
+    return {"version": package_version("nanoserve")}
 
 
 @router.get("/metrics")
@@ -122,7 +122,7 @@ def build_app(engine, served_model_name: str, api_key: str | None = None,
               chat_template: str | None = None, max_body_bytes: int = 4 << 20) -> FastAPI:
     """The HTTP API over ``engine`` (an ``AsyncLLM``); its lifespan starts and warms the
     engine, and shuts it down (aborting what is left after ``app.state.drain_timeout``)."""
-    app = FastAPI(title="nanoserve", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="nanoserve", version=package_version("nanoserve"), lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ready = False
     app.state.draining = False
