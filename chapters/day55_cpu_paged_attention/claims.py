@@ -43,8 +43,8 @@ def kernel_missing() -> str | None:
 def case(lens, block_size: int, hkv: int, group: int, head_dim: int, dtype=torch.float32,
          seed: int = 0, poison: bool = False):
     """q (B, Hq, D); pools (cells, Hkv, D) whose blocks are handed out scrambled; the (B, W)
-    int64 block table with -1 past each row's end, as the engine's ``step.blocks``; context
-    lengths. ``poison``: every pool cell no row owns holds NaN."""
+    int64 block table with -1 past each row's end, as the CPU backend plans a decode step;
+    context lengths. ``poison``: every pool cell no row owns holds NaN."""
     g = torch.Generator().manual_seed(seed)
     B, W = len(lens), -(-max(lens) // block_size)
     num_blocks = B * W + 3

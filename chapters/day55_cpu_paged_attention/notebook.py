@@ -39,9 +39,9 @@ print("C++ ops:", claims.kernel_missing() or "loaded")
 # %% [markdown]
 # ## 1. Cells through the block table
 #
-# The engine hands the kernel each row's block ids (`step.blocks`, -1 past the row's end) and
-# its length. Token `t` is in cell `blocks[t // bs] * bs + t % bs`; the kernel computes that
-# itself and reads the head's D-vector there.
+# The engine hands the kernel each row's block ids (the step's block table, -1 past the row's
+# end) and its length. Token `t` is in cell `blocks[t // bs] * bs + t % bs`; the kernel
+# computes that itself and reads the head's D-vector there.
 
 # %%
 blocks, length, bs = [7, 2], 6, 4

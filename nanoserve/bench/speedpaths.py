@@ -265,7 +265,8 @@ def pages(dtype: str, pairs: int) -> None:
 def prefill(dtype: str, pairs: int) -> None:
     """One thread: one prompt's causal attention, SmolLM2-135M's heads (9 over 3 KV heads of
     64), as ``packed_prefill_attention`` runs it (SDPA on views of the qkv output) and through
-    the decode kernel (``cpu_prefill``, K/V in the pool's scattered blocks), alternately."""
+    the decode kernel (``nanoserve.cpu.prefill``, K/V in the pool's scattered blocks),
+    alternately."""
     import torch.nn.functional as F
 
     from nanoserve.attention.causal import packed_prefill_attention

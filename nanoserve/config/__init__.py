@@ -1,7 +1,7 @@
 """The two configurations: what the checkpoint is, and how the engine runs it.
 
 Why this package exists: every shape comes from the checkpoint's ``config.json``
-(``ModelConfig``, ``model.py``), and every engine option comes from one frozen dataclass
+(``ModelConfig``, ``config/model.py``), and every engine option comes from one frozen dataclass
 (``EngineConfig``, ``engine.py``) that ``LLM``, ``AsyncLLM``, ``nanoserve serve`` and the
 benchmarks all build from. Nothing else lists an option, its default or its limit. The attention
 option's names, and the backend class each names, are ``attention.py``; ``cpus.py`` is the

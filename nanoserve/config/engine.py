@@ -145,7 +145,7 @@ class EngineConfig:
     compact_rows: bool | None = option(None, "compact running rows to 0..n-1 (Day 58); unset: "
                                        "follows --cuda-graphs", flag="--persistent-batch")
     prepack: bool | str = option("auto", "oneDNN-packed linear weights: auto packs bf16 on a "
-                                 "CPU, and float32 where measured faster (prepack.py)",
+                                 "CPU, and float32 where measured faster (cpu/onednn.py)",
                                  choices=PREPACK_CHOICES,
                                  cli={"type": _tristate, "metavar": "{auto,on,off}"})
     threads_bind: str = option("auto", "pin the compute threads (threads.py): auto: one per "
