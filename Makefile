@@ -5,7 +5,7 @@ VENV_STAMP := .venv/.setup-stamp
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint pytest chapters diagrams notebooks demo serve train-tiny bench bench-peers stress soak clean gpu-check gpu-check-prepare
+.PHONY: help setup test test-all lint pytest chapters diagrams notebooks demo serve train-tiny bench bench-peers stress soak clean gpu-check gpu-check-prepare
 
 help: ## list every target
 	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -32,6 +32,9 @@ pytest: setup ## pytest without the slow tests (GPU tests skip without CUDA)
 	$(PY) -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
 
 test: lint pytest ## what CI runs: ruff, then pytest (every chapter's exact and bound claims)
+
+test-all: test ## make test, then the slow tier (the long stress run, training, the long matrices)
+	$(PY) -m pytest -q -m slow -n $(PYTEST_WORKERS) --dist loadfile
 
 chapter-%: setup ## recompute Day N's claims, timed ones included, e.g. make chapter-7
 	$(PY) -m chapters.runner $*

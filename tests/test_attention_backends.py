@@ -1,6 +1,6 @@
 """Attention backends as objects: one class per read path, chosen once, refusing what it lacks.
 
-The registry (``nanoserve.config.attention``) names every backend; the selector turns a name into
+The registry (``nanoserve.config.registries``) names every backend; the selector turns a name into
 its class and holds the class against what the model needs (``AttentionSpec``); a backend that
 cannot serve the model is a ``ValueError`` naming the missing feature, before anything is built.
 """
@@ -16,7 +16,7 @@ from nanoserve.attention import selector
 from nanoserve.attention.backends.base import AttentionBackend, AttentionSpec
 from nanoserve.attention.paged import BatchedPagedKVCache
 from nanoserve.config import ATTENTION_CHOICES, ATTENTION_PATHS, EngineConfig, ModelConfig
-from nanoserve.config.attention import ATTENTION_BACKENDS
+from nanoserve.config.registries import ATTENTION_BACKENDS
 
 SPEC = AttentionSpec(num_q_heads=9, num_kv_heads=3, head_dim=64, dtype=torch.bfloat16)
 

@@ -3,7 +3,7 @@
 Why this module exists: a backend is chosen once, at load, and everything after holds the
 chosen object. Here the option becomes a class: ``auto`` is resolved (the C++ kernel where the
 ops are on, else Day 50's gathered mapping), the name is looked up in the registry
-(``nanoserve.config.attention``), and the class is held against what the model needs
+(``nanoserve.config.registries``), and the class is held against what the model needs
 (``AttentionSpec``): a backend that cannot serve the model is a ``ValueError`` naming what it
 lacks. ``workspace_bytes`` prices each read path's intermediates through the same registry.
 
@@ -15,18 +15,15 @@ lacks. ``workspace_bytes`` prices each read path's intermediates through the sam
 
 from __future__ import annotations
 
-import importlib
-
 from nanoserve.attention.backends.base import AttentionBackend, AttentionSpec
-from nanoserve.config.attention import ATTENTION_BACKENDS
+from nanoserve.config.registries import ATTENTION_BACKENDS, load_class
 
 
 def backend_class(name: str) -> type[AttentionBackend]:
     """The class registered under ``name``; an unknown name is refused with the known ones."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention={name!r}; choose one of {tuple(ATTENTION_BACKENDS)}")
-    module, _, cls = ATTENTION_BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return load_class(ATTENTION_BACKENDS[name])
 
 
 def resolve(option: str, kernels: bool) -> str:

@@ -26,13 +26,12 @@ import difflib
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
-from nanoserve.config.attention import ATTENTION_CHOICES
 from nanoserve.config.cpus import check_spec
+from nanoserve.config.registries import ATTENTION_CHOICES, BATCHING_POLICIES
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "checkpoints" / "nanoserve-tiny"
 
 # The choices, as data: the modules that implement them import these.
-BATCHING_POLICIES = ("continuous", "static")
 ALLOCATION_POLICIES = ("reserve", "incremental")
 PREFILL_POLICIES = ("packed", "padded")
 DEFAULT_BATCHED_TOKENS = 512  # one step's budget offline (LLM): throughput, few long steps
@@ -120,7 +119,7 @@ class EngineConfig:
                                          "of their tokens and skip computing them (Day 43)",
                                          vllm="enable_prefix_caching")
     batching: str = option("continuous", "continuous (Day 31) or static waves (Day 29)",
-                           choices=BATCHING_POLICIES)
+                           choices=tuple(BATCHING_POLICIES))
     allocation: str | None = option(None, "incremental: blocks a step at a time, preempting "
                                     "by recompute (Day 33); reserve: the worst case up front "
                                     "(default: incremental; static waves always reserve)",

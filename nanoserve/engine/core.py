@@ -56,12 +56,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nanoserve.config.registries import BATCHING_POLICIES, load_class
 from nanoserve.engine.engine import Engine, EngineBroken
 from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.outputs import CoreCounters, CoreSnapshot, RequestDelta
 from nanoserve.engine.request import Request, RequestMetrics, RequestState
 from nanoserve.engine.scheduler import Scheduler
-from nanoserve.engine.waves import WaveScheduler
 from nanoserve.sampling.params import SamplingParams
 from nanoserve.tokenizer import IncrementalDetokenizer, Tokenizer
 from nanoserve.validation import InvalidRequest, check_prompt_ids
@@ -69,7 +69,6 @@ from nanoserve.validation import InvalidRequest, check_prompt_ids
 if TYPE_CHECKING:
     from nanoserve.config import EngineConfig
 
-SCHEDULERS = {"continuous": Scheduler, "static": WaveScheduler}  # the batching option's policies
 
 
 @dataclass(slots=True)
@@ -95,7 +94,8 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         kv = KVCacheManager.from_config(config, num_kv_blocks)
-        self.scheduler = SCHEDULERS[config.batching].from_config(
+        policy = load_class(BATCHING_POLICIES[config.batching])  # a Scheduler, or one of its kind
+        self.scheduler: Scheduler = policy.from_config(
             config, kv, max_model_len, on_release=engine.release_row, on_move=engine.move_row)
         engine.hand_pool = kv  # rows granted by hand between steps share the scheduler's pool
         self.requests: dict[str, _Tracked] = {}  # live: added and not yet reported finished

@@ -44,6 +44,11 @@ class LinearMethod:
     def describe(self) -> str:
         return "F.linear"
 
+    @classmethod
+    def for_layer(cls, layer: Linear) -> LinearMethod:
+        """This method for ``layer``, whatever would be measured (``use_method``)."""
+        return PLAIN
+
 
 PLAIN = LinearMethod()  # stateless: every unprepared layer shares it
 

@@ -9,6 +9,7 @@ decode step streams (``nanoserve.cpu.huge_pages``). A new method (a quantized fo
 file and one line of ``LINEAR_METHODS``.
 
     n = prepack_model(model, small_gemm=True, onednn=True)   # how many linears were prepared
+    use_method(model, "onednn")                               # every linear, by name
 """
 
 from __future__ import annotations
@@ -66,6 +67,19 @@ def prepack_model(model: nn.Module, small_gemm: bool = False, onednn: bool = Tru
         count += 1
     _small_on_huge_pages(model)
     return count
+
+
+def use_method(model: nn.Module, name: str) -> int:
+    """Every linear of ``model`` computes with the method registered as ``name``, whatever a
+    measurement would choose: for benchmarks and tests that hold one method against another.
+    Returns how many linears took it."""
+    if name not in LINEAR_METHODS:
+        raise ValueError(f"linear method {name!r}; choose one of {tuple(LINEAR_METHODS)}")
+    layers = linears(model)
+    for m in layers:
+        m.method = LINEAR_METHODS[name].for_layer(m)
+    _small_on_huge_pages(model)
+    return len(layers)
 
 
 def small_gemm_rows(weight: torch.Tensor, against: str) -> int:

@@ -26,6 +26,10 @@ class OneDNNLinear(OpaqueLinearMethod):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint)
         self.bias = None if bias is None else bias.detach()
 
+    @classmethod
+    def for_layer(cls, layer: Linear) -> OneDNNLinear:
+        return cls(layer.weight, layer.bias)
+
     def run(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 

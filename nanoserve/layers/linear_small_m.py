@@ -34,6 +34,11 @@ class SmallMLinear(OpaqueLinearMethod):
         self.fallback = fallback
         self.weight = None if fallback is not None else weight.detach()  # F.linear beyond
 
+    @classmethod
+    def for_layer(cls, layer) -> SmallMLinear:
+        """Every batch through the kernel, F.linear for a dtype it does not take."""
+        return cls(layer.weight, layer.bias, ALL_ROWS)
+
     def run(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
         rows = x.numel() // self.in_features
         if rows <= self.rows and x.dtype == self.small.dtype:
