@@ -234,6 +234,29 @@ def test_the_benchmarks_reach_no_private_name_elsewhere():
             assert not private or names[0] in ("self", "cls"), (path.name, chain)
 
 
+def test_every_registry_line_names_a_class_of_its_own_part():
+    """The registries name their classes as text (a config checks a name without importing a
+    kernel), so no import edge shows where an entry points: each must name a class of the
+    part that owns the registry, of the kind that part expects, under the name it is filed."""
+    from nanoserve.attention.backends.base import AttentionBackend
+    from nanoserve.config.registries import ATTENTION_BACKENDS, BATCHING_POLICIES, load_class
+    from nanoserve.engine.scheduler import Scheduler
+    from nanoserve.layers.linear import LinearMethod
+    from nanoserve.layers.linear_methods import LINEAR_METHODS
+    from nanoserve.model.registry import MODEL_FAMILIES
+
+    for registry, owner, base in ((ATTENTION_BACKENDS, "nanoserve.attention.backends.",
+                                   AttentionBackend),
+                                  (BATCHING_POLICIES, "nanoserve.engine.", Scheduler),
+                                  (LINEAR_METHODS, "nanoserve.layers.", LinearMethod),
+                                  (MODEL_FAMILIES, "nanoserve.model.", object)):
+        for name, path in registry.items():
+            assert path.startswith(owner) and path.partition(":")[0] in MODULES, (name, path)
+            cls = load_class(path)
+            assert issubclass(cls, base), (name, path)
+            assert getattr(cls, "name", name) == name, (name, path)
+
+
 # ---------------------------------------------------------------------------- the checks fail
 
 def test_an_upward_import_is_caught(graph):

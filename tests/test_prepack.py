@@ -184,7 +184,7 @@ def test_a_packed_linear_ignores_autograd_on_its_input():
 def test_a_method_named_in_the_registry_can_be_given_to_every_linear(hf_checkpoint):
     """``use_method``: the registry's name puts one method on every linear (the head too); the
     plain one is the model as loaded, oneDNN's packed one stays close in float32."""
-    from nanoserve.layers.linear_methods import LINEAR_METHODS, use_method
+    from nanoserve.layers.linear_methods import use_method
 
     plain = load_model(hf_checkpoint("bias"), "float32")
     ids = list(range(3, 40))
@@ -193,7 +193,7 @@ def test_a_method_named_in_the_registry_can_be_given_to_every_linear(hf_checkpoi
     assert n == 4 * plain.cfg.num_hidden_layers + 1 and torch.equal(_logits(plain, ids), want)
     packed = load_model(hf_checkpoint("bias"), "float32")
     use_method(packed, "onednn")
-    assert all(type(m.method) is LINEAR_METHODS["onednn"] for m in linears(packed))
+    assert all(type(m.method) is OneDNNLinear for m in linears(packed))
     assert relative_logit_error(_logits(packed, ids), want) < 1e-5
     with pytest.raises(ValueError, match="choose one of"):
         use_method(packed, "int4")

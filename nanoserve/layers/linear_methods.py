@@ -17,16 +17,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nanoserve.config.registries import load_class
 from nanoserve.cpu import small_gemm as small_m
 from nanoserve.cpu.huge_pages import place
-from nanoserve.layers.linear import PLAIN, Linear, LinearMethod
+from nanoserve.layers.linear import PLAIN, Linear
 from nanoserve.layers.linear_onednn import OneDNNLinear
 from nanoserve.layers.linear_small_m import SmallMLinear
 
-LINEAR_METHODS: dict[str, type[LinearMethod]] = {  # name -> class
-    LinearMethod.name: LinearMethod,  # F.linear on the weight as loaded
-    OneDNNLinear.name: OneDNNLinear,  # oneDNN's packed layout
-    SmallMLinear.name: SmallMLinear,  # the small-M kernel, with one of the others beyond it
+LINEAR_METHODS = {  # name -> "module:Class"
+    "plain": "nanoserve.layers.linear:LinearMethod",  # F.linear on the weight as loaded
+    "onednn": "nanoserve.layers.linear_onednn:OneDNNLinear",  # oneDNN's packed layout
+    "small_m": "nanoserve.layers.linear_small_m:SmallMLinear",  # the small-M kernel first
 }
 
 
@@ -76,8 +77,9 @@ def use_method(model: nn.Module, name: str) -> int:
     if name not in LINEAR_METHODS:
         raise ValueError(f"linear method {name!r}; choose one of {tuple(LINEAR_METHODS)}")
     layers = linears(model)
+    method = load_class(LINEAR_METHODS[name])
     for m in layers:
-        m.method = LINEAR_METHODS[name].for_layer(m)
+        m.method = method.for_layer(m)
     _small_on_huge_pages(model)
     return len(layers)
 

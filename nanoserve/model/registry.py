@@ -17,10 +17,10 @@ the ones that are served.
 from __future__ import annotations
 
 from nanoserve.config import ModelConfig
-from nanoserve.model.llama import Llama
+from nanoserve.config.registries import load_class
 
-MODEL_FAMILIES: dict[str, type] = {  # a config's architectures entry -> the family's class
-    "LlamaForCausalLM": Llama,  # Llama 3.x, SmolLM2, TinyLlama, nanoserve-tiny
+MODEL_FAMILIES = {  # a config's architectures entry -> the family's "module:Class"
+    "LlamaForCausalLM": "nanoserve.model.llama:Llama",  # Llama 3.x, SmolLM2, TinyLlama, ours
 }
 
 
@@ -30,11 +30,12 @@ def model_class(cfg: ModelConfig) -> type:
     naming what is supported."""
     for arch in cfg.architectures:
         if arch in MODEL_FAMILIES:
-            return MODEL_FAMILIES[arch]
+            return load_class(MODEL_FAMILIES[arch])
+    families = {arch: load_class(path) for arch, path in MODEL_FAMILIES.items()}
     if not cfg.architectures:
-        for cls in MODEL_FAMILIES.values():
+        for cls in families.values():
             if cls.model_type == cfg.model_type:
                 return cls
-    served = ", ".join(f"{cls.__name__} ({arch})" for arch, cls in MODEL_FAMILIES.items())
+    served = ", ".join(f"{cls.__name__} ({arch})" for arch, cls in families.items())
     raise ValueError(f"config.json: model_type={cfg.model_type!r}, architectures="
                      f"{list(cfg.architectures)!r}; nanoserve supports only {served}")
