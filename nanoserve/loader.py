@@ -104,7 +104,7 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     attention = attention_selector.choose(cfg.attention, kernels,
                                           AttentionSpec.for_model(mc, dtype, device))
     log.info("kernels=%s: %s (%s); attention=%s", cfg.kernels, "on" if kernels else "off",
-             kernels_why, attention)
+             kernels_why, attention_selector.backend_class(attention).describe())
     local_rank, local_ranks = _local_ranks(cfg)
     binding = plan(cfg.threads_bind, device, local_rank, local_ranks)
     log.info("threads_bind=%s: %s", cfg.threads_bind, binding.describe())

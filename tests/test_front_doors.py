@@ -155,6 +155,7 @@ def test_nanoserve_serve_honours_the_policy_and_logs_it(flags, option, kw):
     (dict(enable_kv_cache=False, enable_prefix_caching=True), "enable_prefix_caching"),
     (dict(enable_kv_cache=False, cuda_graphs=True), "cuda_graphs"),
     (dict(enable_kv_cache=False, compile=True), "compile"),
+    (dict(enable_kv_cache=False, batching="static"), "batching"),
 ])
 def test_an_option_a_policy_cannot_honour_is_refused_by_name(options, field):
     with pytest.raises(ConfigError, match=field) as e:
@@ -166,3 +167,23 @@ def test_static_waves_reserve_and_take_no_step_budget():
     c = EngineConfig(batching="static")
     assert (c.allocation_policy, EngineConfig().allocation_policy) == ("reserve", "incremental")
     assert c.for_serving() is c  # no serving budget for a wave: its prompts are one prefill
+
+
+def test_rows_granted_by_hand_and_scheduled_rows_never_meet():
+    """A core's engine grants rows by hand from the scheduler's own pool, between steps: a
+    scheduled row is refused, and a step is refused while hand-granted rows are held."""
+    llm = LLM(dtype="float32", max_num_seqs=2, block_size=4, skip_tokenizer_init=True)
+    e, core = llm.engine, llm.core
+    kv = core.scheduler.kv_cache_manager
+    core.add_request("r", [0, 5, 9], SamplingParams(max_tokens=4, **GREEDY))
+    core.step()  # r holds row 0
+    with pytest.raises(RuntimeError, match="scheduled request"):
+        e.grant(0, 8)
+    e.grant(1, 8)  # a free row: its blocks come from the scheduler's pool
+    assert kv.num_held == 1 + 2 and e.hand_rows == {1}  # r's block, and row 1's two
+    with pytest.raises(RuntimeError, match="granted by hand"):
+        core.step()
+    e.release(1)
+    while core.has_unfinished():
+        core.step()
+    core.check_drained()

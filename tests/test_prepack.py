@@ -197,3 +197,18 @@ def test_a_method_named_in_the_registry_can_be_given_to_every_linear(hf_checkpoi
     assert relative_logit_error(_logits(packed, ids), want) < 1e-5
     with pytest.raises(ValueError, match="choose one of"):
         use_method(packed, "int4")
+
+
+def test_a_packed_linear_lets_go_of_its_own_weight(hf_checkpoint):
+    """The method holds the only copy a packed layer reads, as the replaced module did: the
+    layer's own weight is released (a tied head's, the embedding's, stays), and the model still
+    counts every parameter of the checkpoint."""
+    for name in ("gqa", "tied"):
+        model = load_model(hf_checkpoint(name), "float32")
+        n = model.num_parameters()
+        prepack_model(model)
+        released = [m for m in linears(model) if m.weight is None]
+        assert len(released) == len(linears(model)) - (name == "tied")
+        assert model.num_parameters() == n
+        if name == "tied":
+            assert model.lm_head.weight is model.embed_tokens.weight

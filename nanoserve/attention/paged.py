@@ -1,11 +1,11 @@
 """The paged KV cache: one pool per layer, a block table and a slot-table row per batch row.
 
-Why this module exists: with paging, a sequence's tokens live in whatever blocks the allocator
-handed it, scattered through a shared pool (``tables.py`` says where). ``BatchedPagedKVCache``
-is the cache the model runs over: rows are batch slots; it owns the K/V pools, a ``BlockTable``
-and a ``SlotTable`` row per slot, and each row's cached length. To the model it is an attention
-context: ``begin_step`` says which rows take how many new tokens, then the forward writes each
-layer's K/V into their cells (``attend``) and reads each row's context back.
+Why this module exists: with paging, a sequence's tokens live in whatever blocks the scheduler's KV
+manager handed it, scattered through a shared pool (``tables.py`` says where).
+``BatchedPagedKVCache`` is the cache the model runs over: rows are batch slots; it owns the K/V
+pools, a ``BlockTable`` and a ``SlotTable`` row per slot, and each row's cached length. To the
+model it is an attention context: ``begin_step`` says which rows take how many new tokens, then the
+forward writes each layer's K/V into their cells (``attend``) and reads each row's context back.
 
 How the context is read is not this module's business: the cache holds one attention backend,
 chosen by name at construction (``nanoserve.attention.selector``), and hands it the step's
@@ -79,7 +79,7 @@ class BatchedPagedKVCache:
     # ------------------------------------------------------------------ rows
 
     def reset_row(self, row: int) -> list[int]:
-        """Forget a row: its length, its addressing; returns its blocks for the allocator."""
+        """Forget a row: its length, its addressing; returns its blocks, for their pool."""
         self.lengths[row] = 0
         self.slots.reset_row(row)
         self.backend.forget_row(row)

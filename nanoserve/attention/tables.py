@@ -1,7 +1,7 @@
 """Where a paged sequence's tokens live: its block ids on the host, its cells on the device.
 
-Why this module exists: with paging, a sequence's tokens live in whatever blocks the allocator
-handed it, scattered through a shared pool. Two tables keep track of where:
+Why this module exists: with paging, a sequence's tokens live in whatever blocks the scheduler's KV
+manager handed it, scattered through a shared pool. Two tables keep track of where:
 
 - ``BlockTable`` (host): one sequence's block ids, in order. Token ``p`` lives in block
   ``blocks[p // block_size]`` at offset ``p % block_size``.

@@ -1,10 +1,10 @@
 """How much of a decode loop a recorded graph can replay, by workload shape and by scheduler.
 
 Why this module exists: a captured decode graph reads the window ``slots[:n]``, so it can only
-replay a step whose decode rows are 0..n-1. Whether they are depends on the scheduler, not on
-the graph: the free-row heap leaves survivors stranded above the holes that completions make,
-and the persistent batch (``Scheduler(compact_rows=True)``, ``nanoserve.engine.compact``) moves them
-down. This harness counts both, with no model and no device: the real ``Scheduler`` over a real
+replay a step whose decode rows are 0..n-1. Whether they are depends on the scheduler, not on the
+graph: the free-row heap leaves survivors stranded above the holes that completions make, and the
+persistent batch (``Scheduler(compact_rows=True)``, ``nanoserve.engine.compact``) moves them down.
+This harness counts both, with no model and no device: the real ``Scheduler`` over a real
 ``KVCacheManager`` with integer tokens, exactly as ``bench sched`` drives it.
 
 Conventions, pinned:
@@ -12,7 +12,7 @@ Conventions, pinned:
 - a *decode step* is an iteration whose schedule has at least one decode row; an iteration that
   only prefills is not one;
 - every batch size from 1 to the slot count has a bucket in the capture list, so a step
-  *replays* exactly when its decode rows are a prefix 0..n-1 (``compact.is_compact``, which the
+  *replays* exactly when its decode rows are a prefix 0..n-1 (``cuda.buckets.is_compact``, which the
   capture's ``rows_are_a_prefix`` asks); otherwise it is *scattered*;
 - a move's *cells* are its source row's cached length at the moment it moves: the prompt plus
   the tokens generated so far, less the last one, which the next forward writes;

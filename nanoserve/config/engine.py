@@ -253,11 +253,12 @@ class EngineConfig:
                                   "prompts whole, in one step")
         if not self.enable_kv_cache:
             for name, on in (("enable_prefix_caching", self.enable_prefix_caching),
-                             ("cuda_graphs", self.cuda_graphs), ("compile", self.compile)):
+                             ("cuda_graphs", self.cuda_graphs), ("compile", self.compile),
+                             ("batching", self.batching == "static")):  # held rows write K/V
                 if on:
-                    raise ConfigError(name, f"{name} needs the KV cache; with "
-                                            f"enable_kv_cache=False every step recomputes "
-                                            f"the whole sequence (Day 4)")
+                    raise ConfigError(name, f"{name}={getattr(self, name)!r} needs the KV "
+                                            f"cache; with enable_kv_cache=False every step "
+                                            f"recomputes the whole sequence (Day 4)")
 
     def resolve_max_model_len(self, max_position_embeddings: int) -> int:
         """The context this engine serves: ``max_model_len`` if set, else the model's own."""

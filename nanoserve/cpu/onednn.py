@@ -5,8 +5,10 @@ reorders the (N, E) weight into its blocked layout, on every call. At prefill si
 hides behind the arithmetic; at decode sizes (a handful of rows) it is most of the call, so a
 decode step read its weights at about half the speed the memory allows. Reordering once, when
 the model is loaded, and calling oneDNN's linear on the packed weight removes the copy from
-every step. Measured on this 2-core x86 CPU (AVX512-BF16, one torch thread), 8 rows, bf16:
-576 -> 1536 went from 130 us to 86 us, and the 576 -> 49152 LM head from 8.7 ms to 4.5 ms.
+every step (the linear method that does it is ``nanoserve.layers.linear_onednn``; this module
+says where it can run and whether it pays). Measured on this 2-core x86 CPU (AVX512-BF16, one
+torch thread), 8 rows, bf16: 576 -> 1536 went from 130 us to 86 us, and the 576 -> 49152 LM
+head from 8.7 ms to 4.5 ms.
 
 In bfloat16 the packed call runs the same oneDNN kernel as ``F.linear`` and gives bit-identical
 results, so ``prepack="auto"`` turns it on for bf16 on a CPU. Where the C++ ops are loaded
@@ -26,8 +28,8 @@ machine always gives one default, and the reason quotes the ratio.
     LLM(..., prepack="auto")   # bf16 on a CPU: packed; float32: packed where measured faster
     LLM(..., prepack=True)     # packed; refused where oneDNN cannot do it
 
-Under ``compile`` a packed linear is one opaque custom op (``nanoserve::packed_linear``), so the
-compiled decode keeps the packed weights instead of tracing ``F.linear``.
+Under ``compile`` a packed linear is one opaque custom op (``nanoserve::packed_linear``, in
+``nanoserve.layers.linear``), so the compiled decode keeps the packed weights.
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
 """Prompts through the CPU decode kernel: each prompt token is a decode row over its prefix.
 
 Why this module exists: a packed prefill step attends each prompt causally to itself
-(``attention.packed_prefill_attention``, one ``F.scaled_dot_product_attention`` per prompt).
-On a CPU, for the short prompts of a serving batch, torch's flash attention ran at 20-38
-GFLOP/s (bf16, one thread, 9 query heads over 3 KV heads of 64, prompts of 32 to 192 tokens)
+(``nanoserve.attention.causal.packed_prefill_attention``, one ``F.scaled_dot_product_attention``
+per prompt). On a CPU, for the short prompts of a serving batch, torch's flash attention ran at
+20-38 GFLOP/s (bf16, one thread, 9 query heads over 3 KV heads of 64, prompts of 32 to 192 tokens)
 and took about a fifth of a bf16 prefill step's time. By the time attention runs,
-``rope_and_cache`` has already written every prompt token's K and V into its pool cells, so
-token ``p`` of a prompt is exactly a decode row whose context is the prompt's first ``p + 1``
-tokens, read through the prompt's blocks. ``csrc/decode_attention.cpp`` then does the causal
-read with no mask, no copy of K or V, and its GQA grouping: on the same shapes 1.5-1.95x SDPA's
-speed in bf16, 1.2-1.55x in float32 (``python -m nanoserve.bench.speedpaths prefill``, paired
-medians on a 2-core AMD EPYC). Its sums run in another order than SDPA's, as the decode read's
-already do. A continued chunk (a long prompt's later part under the step's token budget, or a
-prompt after a prefix-cache hit) is read the same way over its row's blocks (``chunk_tables``),
-where the reference path gathered the row's whole context into a rectangle.
+``rope_and_cache`` has already written every prompt token's K and V into its pool cells, so token
+``p`` of a prompt is exactly a decode row whose context is the prompt's first ``p + 1`` tokens,
+read through the prompt's blocks. ``csrc/decode_attention.cpp`` then does the causal read with no
+mask, no copy of K or V, and its GQA grouping: on the same shapes 1.5-1.95x SDPA's speed in bf16,
+1.2-1.55x in float32 (``python -m nanoserve.bench.speedpaths prefill``, paired medians on a 2-core
+AMD EPYC). Its sums run in another order than SDPA's, as the decode read's already do. A continued
+chunk (a long prompt's later part under the step's token budget, or a prompt after a prefix-cache
+hit) is read the same way over its row's blocks (``chunk_tables``), where the reference path
+gathered the row's whole context into a rectangle.
 
     tables, ctx = token_tables(step.write_flat, step.packed_lens, fresh, block_size)
     out = attend_prompts(q, k_pool, v_pool, tables, ctx, block_size)   # (1, Hq, N, D)

@@ -93,11 +93,16 @@ class EngineCore:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        if (num_kv_blocks, config.block_size, config.max_num_seqs) != (
+                engine.num_kv_blocks, engine.cache.block_size, len(engine.cache.tables)):
+            raise ValueError("the scheduler's pool and rows must be the engine's cache's: "
+                             f"{num_kv_blocks} blocks of {config.block_size} for "
+                             f"{config.max_num_seqs} rows")
         kv = KVCacheManager.from_config(config, num_kv_blocks)
         policy = load_class(BATCHING_POLICIES[config.batching])  # a Scheduler, or one of its kind
         self.scheduler: Scheduler = policy.from_config(
             config, kv, max_model_len, on_release=engine.release_row, on_move=engine.move_row)
-        engine.hand_pool = kv  # rows granted by hand between steps share the scheduler's pool
+        engine.share_pool(kv)  # rows granted by hand between steps share the scheduler's pool
         self.requests: dict[str, _Tracked] = {}  # live: added and not yet reported finished
         self.driver: str | None = None  # who steps this core; a second driver is refused
         self.counters = CoreCounters()
@@ -184,6 +189,10 @@ class EngineCore:
 
     def step(self) -> list[RequestDelta]:
         """Schedule, run the model once, and report every request's news."""
+        if self.engine.hand_rows:  # refused before anything is scheduled: nobody's step fails
+            raise RuntimeError(f"rows {sorted(self.engine.hand_rows)} were granted by hand and "
+                               f"not released: hand-granted and scheduled rows never meet in "
+                               f"one step")
         out = self.scheduler.schedule()
         now = time.perf_counter()
         for r in out.finished:

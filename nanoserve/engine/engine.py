@@ -11,9 +11,10 @@ decision, handed over as block ids), and knows two moves:
   longest, B times the longest positions computed. ``positions_computed`` against
   ``tokens_computed`` is the difference, counted.
 - ``decode(rows, tokens)``: one forward that appends one token to each of B rows, whose contexts
-  have different lengths (Day 28). The read is the cache's ``attention`` path: Day 50's gathered
-  mapping (each row its own cells; the default) or Day 28's rectangle (``"reference"``). With
-  ``compile=True`` the decode forward runs through ``torch.compile`` (Day 49, ``compiled.py``).
+  have different lengths (Day 28). The read is the cache's attention backend's (Day 28's
+  rectangle, Day 50's gathered mapping, the C++ kernel or the Triton kernel). With
+  ``compile=True`` the decode forward runs through ``torch.compile`` (Day 49,
+  ``nanoserve.cuda.compiled``).
 
 Host work per step is per row, never per token: ids, positions and write cells are built from
 plain lists in one tensor each, and the gathered mapping is updated, not rebuilt.
@@ -72,8 +73,10 @@ class Engine:
                                                    max_num_seqs, max_model_len, attention)
         self.num_kv_blocks = num_kv_blocks
         # Where rows granted by hand (Days 27-29, tests) take their blocks: the scheduler's KV
-        # manager once a core owns this engine (one bookkeeper for one pool), else its own.
+        # manager once a core owns this engine (one bookkeeper for one pool, ``share_pool``),
+        # else the engine's own; and which rows hold such blocks now.
         self.hand_pool: BlockAllocator | KVCacheManager | None = None
+        self.hand_rows: set[int] = set()
         self.forward_passes = 0
         self.row_steps = 0  # rows issued, summed over forwards
         self.tokens_computed = 0  # real (unpadded) token positions run through the model
@@ -123,10 +126,7 @@ class Engine:
                 logits = self.model.compute_logits(h[torch.arange(B, device=self.device), last])
         finally:
             self.cache.end_step()
-        self.forward_passes += 1
-        self.row_steps += B
-        self.tokens_computed += sum(lens)
-        self.positions_computed += B * T
+        self._count(B, sum(lens), B * T)
         return logits  # (B, V)
 
     def _forward_packed(self, rows: list[int], token_lists: list[list[int]]) -> torch.Tensor:
@@ -142,10 +142,7 @@ class Engine:
         finally:
             self.cache.end_step()
         last = torch.tensor(lens, device=self.device).cumsum(0) - 1  # (B,) each prompt's end
-        self.forward_passes += 1
-        self.row_steps += len(rows)
-        self.tokens_computed += sum(lens)
-        self.positions_computed += sum(lens)
+        self._count(len(rows), sum(lens), sum(lens))
         return self.model.compute_logits(h[0, last])
 
     def prefill(self, rows: list[int], token_lists: list[list[int]]) -> torch.Tensor:
@@ -163,11 +160,15 @@ class Engine:
             return self._forward(rows, [[t] for t in tokens], hold)
         logits = g.replay(rows, tokens)  # (B, V)
         B = len(rows)
-        self.forward_passes += 1
-        self.row_steps += B
-        self.tokens_computed += B
-        self.positions_computed += g.bucket(B)  # the window's rows, padding included
+        self._count(B, B, g.bucket(B))  # the window's rows, padding included
         return logits
+
+    def _count(self, rows: int, tokens: int, positions: int) -> None:
+        """One forward: ``rows`` rows, ``tokens`` real tokens, ``positions`` run (padding too)."""
+        self.forward_passes += 1
+        self.row_steps += rows
+        self.tokens_computed += tokens
+        self.positions_computed += positions
 
     def close(self) -> None:
         """Release what the engine holds outside this process (nothing, on one rank)."""
@@ -191,7 +192,11 @@ class Engine:
     def move_row(self, src: int, dst: int) -> int:
         """The scheduler's on_move hook (Day 58, ``compact_rows``): hand row ``src``'s tenant
         to the empty row ``dst``. A relabel of tables and addressing; no K/V is copied."""
-        return self.cache.move_row(src, dst)
+        n = self.cache.move_row(src, dst)
+        if src in self.hand_rows:  # a row granted by hand keeps being one where it lands
+            self.hand_rows.remove(src)
+            self.hand_rows.add(dst)
+        return n
 
     def _run(self, requests: list[Request], token_lists: list[list[int]], prefill: bool,
              sample: list[bool] | None = None, hold: frozenset[int] = frozenset()
@@ -265,10 +270,7 @@ class Engine:
             seq = r.token_ids
             ids = torch.tensor([seq], device=self.device)  # (1, T)
             h = self.model(ids, torch.arange(len(seq), device=self.device)[None])  # (1, T, E)
-            self.forward_passes += 1
-            self.row_steps += 1
-            self.tokens_computed += len(seq)
-            self.positions_computed += len(seq)
+            self._count(1, len(seq), len(seq))
             token = sample_requests(self.model.compute_logits(h[:, -1]), [r])[0]
             if r.append_token(token):
                 finished.append(r)
@@ -283,13 +285,27 @@ class Engine:
         if self.hand_pool is None:
             self.hand_pool = BlockAllocator(self.num_kv_blocks, self.cache.block_size)
         table = self.cache.tables[row]
+        if len(table) and row not in self.hand_rows:
+            raise RuntimeError(f"row {row} holds a scheduled request's blocks; grant by hand "
+                               f"only a row nobody else holds")
         need = self.hand_pool.blocks_for_length(num_tokens) - len(table)
         if len(table) + need > table.capacity:
             raise ValueError(f"row {row}: {num_tokens} tokens exceed max_model_len="
                              f"{self.cache.max_model_len}")
         if need > 0:
             table.extend(self.hand_pool.allocate(need))
+        self.hand_rows.add(row)
 
     def release(self, row: int) -> None:
         """Reset a row granted by hand and return its blocks to ``hand_pool``."""
+        if row not in self.hand_rows:
+            raise RuntimeError(f"row {row} was not granted by hand")
+        self.hand_rows.discard(row)
         self.hand_pool.free(self.cache.reset_row(row))
+
+    def share_pool(self, pool: KVCacheManager) -> None:
+        """A core owns this engine: rows granted by hand, between its steps, take their blocks
+        from the scheduler's KV manager. Refused while rows hold blocks of another pool."""
+        if self.hand_rows:
+            raise RuntimeError(f"rows {sorted(self.hand_rows)} hold blocks granted by hand")
+        self.hand_pool = pool

@@ -48,6 +48,7 @@ class WaveScheduler(Scheduler):
         self.schedule_calls += 1
         out = SchedulerOutput(finished=self._release_finished())
         if self.running:
+            out.moves = self._compact()  # only an abort opens a hole in a wave
             for r in self.running:
                 (out.held if r.is_finished else out.decode).append(r)
         else:

@@ -19,8 +19,9 @@ from torch import nn
 
 from nanoserve.config.registries import load_class
 from nanoserve.cpu import small_gemm as small_m
+from nanoserve.cpu.fused import layer_weights
 from nanoserve.cpu.huge_pages import place
-from nanoserve.layers.linear import PLAIN, Linear
+from nanoserve.layers.linear import PLAIN, Linear, LinearMethod
 from nanoserve.layers.linear_onednn import OneDNNLinear
 from nanoserve.layers.linear_small_m import SmallMLinear
 
@@ -48,14 +49,12 @@ def prepack_model(model: nn.Module, small_gemm: bool = False, onednn: bool = Tru
     faster than the linear it would otherwise run (oneDNN's packed one, or ``F.linear`` without
     ``onednn``). Without ``onednn`` a shape the small kernel does not take stays plain. Sets
     ``model.huge_pages``; returns how many linears were prepared."""
-    layers = linears(model)
-    if any(m.method is not PLAIN for m in layers):
-        raise ValueError("this model's weights are already packed")
+    layers = _unprepared(model)
     if not (onednn or small_gemm):
         raise ValueError("prepack_model: nothing to pack (neither onednn nor small_gemm)")
     against = "onednn" if onednn else "linear"
     chosen: dict[tuple[tuple[int, int], torch.dtype], int] = {}
-    count = 0
+    count, tied = 0, _embeddings(model)
     for m in layers:
         key = (tuple(m.weight.shape), m.weight.dtype)
         if small_gemm and key not in chosen:  # 0 for a dtype without a kernel
@@ -64,9 +63,9 @@ def prepack_model(model: nn.Module, small_gemm: bool = False, onednn: bool = Tru
         if not (onednn or rows):
             continue
         large = OneDNNLinear(m.weight, m.bias) if onednn else None
-        m.method = SmallMLinear(m.weight, m.bias, rows, large) if rows else large
+        _give(m, SmallMLinear(m.weight, m.bias, rows, large) if rows else large, tied)
         count += 1
-    _small_on_huge_pages(model)
+    _settle(model)
     return count
 
 
@@ -76,12 +75,43 @@ def use_method(model: nn.Module, name: str) -> int:
     Returns how many linears took it."""
     if name not in LINEAR_METHODS:
         raise ValueError(f"linear method {name!r}; choose one of {tuple(LINEAR_METHODS)}")
-    layers = linears(model)
-    method = load_class(LINEAR_METHODS[name])
+    layers = _unprepared(model)
+    method, tied = load_class(LINEAR_METHODS[name]), _embeddings(model)
     for m in layers:
-        m.method = method.for_layer(m)
-    _small_on_huge_pages(model)
+        _give(m, method.for_layer(m), tied)
+    _settle(model)
     return len(layers)
+
+
+def _unprepared(model: nn.Module) -> list[Linear]:
+    """The model's linears, refused if any already holds a method of its own."""
+    layers = linears(model)
+    if any(m.method is not PLAIN for m in layers):
+        raise ValueError("this model's weights are already packed")
+    return layers
+
+
+def _embeddings(model: nn.Module) -> set[int]:
+    """The ids of the embedding tables: a tied head's weight is one of them."""
+    return {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+
+
+def _give(layer: Linear, method: LinearMethod, tied: set[int]) -> None:
+    """``layer`` computes with ``method`` from now on. A method with its own copy of the
+    weight (every one but the plain method) holds all it reads, so the layer lets go of its
+    own, which would otherwise stay in memory beside the copy; a tied head's weight is the
+    embedding's (``tied``), and stays."""
+    layer.method = method
+    if method is not PLAIN and id(layer.weight) not in tied:
+        layer.weight = None
+
+
+def _settle(model: nn.Module) -> None:
+    """After the methods change: the small-M copies onto huge pages, and the C++ layer loop's
+    weights read again where the model runs the C++ forward."""
+    _small_on_huge_pages(model)
+    if getattr(model, "fused_forward", None) is not None:
+        model.decode_layer_weights = layer_weights(model)
 
 
 def small_gemm_rows(weight: torch.Tensor, against: str) -> int:

@@ -142,4 +142,14 @@ class Llama(nn.Module):
         return self.lm_head(hidden).float()
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        """The checkpoint's parameters, a packed linear (whose method holds the only copy of
+        its weight) counted by its shape."""
+        released = sum(m.in_features * m.out_features for m in self.modules()
+                       if isinstance(m, Linear) and m.weight is None)
+        return sum(p.numel() for p in self.parameters()) + released
+
+    def finish_load(self, device: torch.device | str) -> None:
+        """What this family rebuilds once its weights are assigned: the tied head, and the
+        rotary frequencies, computed on ``device`` as transformers computes them."""
+        self.tie_weights()
+        self.inv_freq = rope_inv_freq(self.cfg).to(device)

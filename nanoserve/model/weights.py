@@ -239,18 +239,19 @@ def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
 def assign_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype,
                    device: str | torch.device, mismatch: str) -> torch.nn.Module:
     """Fill a model built on the meta device with ``state`` (nanoserve's names), refusing any
-    tensor missing, extra or of another shape (``mismatch`` opens the message); tie the head;
-    compute the rotary frequencies on ``device``. Shared by one rank's load and a shard's."""
-    from nanoserve.layers.rotary import rope_inv_freq
-
+    tensor missing, extra or of another shape (``mismatch`` opens the message), then let the
+    family finish (``finish_load``: a tied head, its rotary frequencies). A tensor filed under
+    two names (a tied head) is cast once. Shared by one rank's load and a shard's."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state.items()}
     if expected != got:
         bad = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
         raise ValueError(f"{mismatch} at {bad[:3]}: expected {[expected.get(k) for k in bad[:3]]}"
                          f", found {[got.get(k) for k in bad[:3]]}")
-    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()},
-                          assign=True)
-    model.tie_weights()
-    model.inv_freq = rope_inv_freq(model.cfg).to(device)
+    cast: dict[int, torch.Tensor] = {}  # by the source tensor: a tied head's is cast once
+    for v in state.values():
+        if id(v) not in cast:
+            cast[id(v)] = v.to(device=device, dtype=dtype)
+    model.load_state_dict({k: cast[id(v)] for k, v in state.items()}, assign=True)
+    model.finish_load(device)
     return model.eval()

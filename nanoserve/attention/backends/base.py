@@ -98,6 +98,12 @@ class AttentionBackend:
         return cls.shape_problem(spec)
 
     @classmethod
+    def describe(cls) -> str:
+        """What this backend's own read takes, for the load log."""
+        own = " and ".join(cls.reads) or "no rows of its own"
+        return f"{cls.name}: its own read takes {own}; the shared paths the rest"
+
+    @classmethod
     def shape_problem(cls, spec: AttentionSpec) -> str | None:
         """A head shape this backend cannot read, or None (any shape, by default)."""
         return None

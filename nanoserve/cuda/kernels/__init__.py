@@ -9,10 +9,11 @@ output.
 Triton is an optional dependency (the ``kernels`` extra). On a machine without CUDA the kernels run
 under Triton's interpreter, which has to be chosen before triton is first imported
 (``nanoserve.cuda.triton_mode`` says why). Importing this package never chooses it: without CUDA it
-refuses unless the caller did, by setting ``TRITON_INTERPRET`` (``1``: the interpreter; ``0``:
-the compiler, which is what ``tools/kernel_aot.py`` wants) or by calling
-``nanoserve.cuda.triton_mode.use_interpreter()`` first, as the engine does for
-``attention="triton"``. It also refuses kernels built in another mode than triton's own helpers.
+refuses unless the caller did, by setting ``TRITON_INTERPRET`` (``1``: the interpreter; ``0``: the
+compiler, which is what ``tools/kernel_aot.py`` wants) or by calling
+``nanoserve.cuda.triton_mode.use_interpreter()`` first, as the Triton attention backend does before
+the model is built (``TritonBackend.prepare_process``). It also refuses kernels built in another
+mode than triton's own helpers.
 """
 
 from __future__ import annotations
