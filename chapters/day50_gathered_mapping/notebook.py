@@ -97,7 +97,7 @@ print(f"max |difference| of the two reads: {(a - b).abs().max():.1e}")
 # back with a new prompt it is appended whole, once.
 
 # %%
-index = gat_cache.gathered
+index = gat_cache.backend.index  # the gathered backend keeps the mapping
 print("before:", index.n, "chunks, rebuilt_rows", index.rebuilt_rows, "appended_cells",
       index.appended_cells)
 gat_cache.reset_row(1)

@@ -125,15 +125,18 @@ def tensor_files(model_dir: Path) -> dict[str, Path]:
                      f"model.safetensors.index.json is present")
 
 
+def tensors_by_file(model_dir: str | Path) -> dict[Path, list[str]]:
+    """The checkpoint's tensor names grouped by the file holding them, so each file opens once."""
+    by_file: dict[Path, list[str]] = {}
+    for name, f in tensor_files(Path(model_dir)).items():
+        by_file.setdefault(f, []).append(name)
+    return by_file
+
+
 def load_hf_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint, by its Hugging Face name, in its stored dtype."""
-    model_dir = Path(model_dir)
-    files = tensor_files(model_dir)
-    by_file: dict[Path, list[str]] = {}
-    for name, f in files.items():
-        by_file.setdefault(f, []).append(name)
     out = {}
-    for f, names in by_file.items():
+    for f, names in tensors_by_file(model_dir).items():
         with safe_open(f, framework="pt") as handle:
             for name in names:
                 out[name] = handle.get_tensor(name)

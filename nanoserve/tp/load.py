@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from nanoserve.model.weights import assign_weights, hf_to_nanoserve, tensor_files
+from nanoserve.model.weights import assign_weights, hf_to_nanoserve, tensors_by_file
 from nanoserve.tp.comm import Comm
 from nanoserve.tp.layers import TPLlama
 from nanoserve.tp.shard import ShardPlan
@@ -23,12 +23,8 @@ from nanoserve.tp.shard import ShardPlan
 
 def read_slices(model_dir: str | Path, plan: ShardPlan) -> tuple[dict[str, torch.Tensor], int]:
     """This rank's piece of every tensor, by its Hugging Face name; and the bytes read."""
-    files = tensor_files(Path(model_dir))
-    by_file: dict[Path, list[str]] = {}
-    for name, f in files.items():
-        by_file.setdefault(f, []).append(name)
     out, nbytes = {}, 0
-    for f, names in by_file.items():
+    for f, names in tensors_by_file(model_dir).items():
         with safe_open(f, framework="pt") as handle:
             for name in names:
                 if name.endswith("rotary_emb.inv_freq"):
