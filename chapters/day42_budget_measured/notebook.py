@@ -95,8 +95,10 @@ for label, value in rows:
     print(f"{label:32s}" + "".join(f"{value(round0[c]):9.1f}" for c in cols))
 
 # %% [markdown]
-# What to read in it: the p99 ITL follows the largest step a stream has to wait through, so it
-# falls as the budget falls, while the median ITL (most steps carry no prompt at all) barely
+# What to read in it: among the chunked arms the p99 ITL follows the largest step a stream has
+# to wait through, so it falls as the budget falls. Against chunking off it need not: off stalls
+# each running stream once per long prompt, and its stalls can be too few to reach the 99th
+# percentile of the pooled gaps. The median ITL (most steps carry no prompt at all) barely
 # moves. The long prompts pay the other way: the smaller the budget, the more steps their
 # prefill is spread over, and every one of those steps also carries seven decodes. The short
 # prompts' TTFT and the saturated throughput hardly depend on the budget in this workload,
