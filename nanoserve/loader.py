@@ -60,7 +60,6 @@ class LoadedEngine:
     max_model_len: int
     engine: Engine
     binding: Binding  # the CPUs the forward threads are pinned to (threads.py)
-    num_kv_blocks: int
 
 
 def default_num_kv_blocks(mc: ModelConfig, max_num_seqs: int, max_model_len: int,
@@ -136,16 +135,15 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
         engine = Engine(model, **engine_kw)
     return LoadedEngine(cfg, mc, tokenizer, model, device, dtype, why, prepacked, prepack_why,
                         kernels, kernels_why, attention, frozenset(eos or mc.eos_token_ids),
-                        max_model_len, engine, binding, num_kv_blocks)
+                        max_model_len, engine, binding)
 
 
 def load_core(cfg: EngineConfig) -> EngineCore:
     """Load what ``cfg`` names and build the engine core over it (``core.loaded`` records
     what was loaded and why)."""
     loaded = load_engine(cfg)
-    core = EngineCore(loaded.engine, cfg, loaded.num_kv_blocks, loaded.tokenizer,
-                      loaded.eos_token_ids, loaded.max_model_len,
-                      loaded.model_config.vocab_size)
+    core = EngineCore(loaded.engine, cfg, loaded.tokenizer, loaded.eos_token_ids,
+                      loaded.max_model_len, loaded.model_config.vocab_size)
     core.loaded = loaded
     return core
 

@@ -70,7 +70,9 @@ def test_asyncllm_and_the_servers_flags_serve_static_waves():
     assert config.batching == "static" and config.non_default() == {
         "dtype": "float32", "max_num_seqs": 2, "batching": "static"}
     engine = serve.build_engine(config)
-    long, short = ("The for statement", 200), ("The while statement", 8)
+    # the wave must outlast the short request's trip to the server on any machine: a long
+    # reply (most of the 1,024-token context) keeps it running for hundreds of steps
+    long, short = ("The for statement", 900), ("The while statement", 8)
     with ServerThread(build_app(engine, "tiny")) as s:
         body = {"model": "tiny", "prompt": long[0], "max_tokens": long[1], "stream": True,
                 **GREEDY}

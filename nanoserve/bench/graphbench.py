@@ -38,7 +38,8 @@ import csv
 import json
 from pathlib import Path
 
-from nanoserve.bench.arms import (  # noqa: F401 - the arms' names, where the CLI and callers look for them
+# the arms' names are re-exported: the CLI and callers look for them here
+from nanoserve.bench.arms import (  # noqa: F401
     ARM_COLUMNS,
     ARMS,
     DEFAULT_ARMS,

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from nanoserve.bench import run_sync
 from nanoserve.bench.local_server import LocalServer, local_server
-from nanoserve.bench.serve_metrics import (  # noqa: F401  (ROWS, METRICS: importable from here, as before)
+from nanoserve.bench.serve_metrics import (  # noqa: F401  (ROWS, METRICS: kept importable)
     METRICS,
     ROWS,
     RequestFuncOutput,

@@ -70,7 +70,6 @@ if TYPE_CHECKING:
     from nanoserve.config import EngineConfig
 
 
-
 @dataclass(slots=True)
 class _Tracked:
     """What the core has already handed out for one request."""
@@ -85,20 +84,19 @@ class _Tracked:
 class EngineCore:
     loaded = None  # what ``nanoserve.loader.load_core`` loaded: model, tokenizer, dtype, ...
 
-    def __init__(self, engine: Engine, config: EngineConfig, num_kv_blocks: int,
-                 tokenizer: Tokenizer | None, eos_token_ids: frozenset[int], max_model_len: int,
-                 vocab_size: int):
+    def __init__(self, engine: Engine, config: EngineConfig, tokenizer: Tokenizer | None,
+                 eos_token_ids: frozenset[int], max_model_len: int, vocab_size: int):
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        if (num_kv_blocks, config.block_size, config.max_num_seqs) != (
-                engine.num_kv_blocks, engine.cache.block_size, len(engine.cache.tables)):
-            raise ValueError("the scheduler's pool and rows must be the engine's cache's: "
-                             f"{num_kv_blocks} blocks of {config.block_size} for "
-                             f"{config.max_num_seqs} rows")
-        kv = KVCacheManager.from_config(config, num_kv_blocks)
+        if (config.block_size, config.max_num_seqs) != (engine.cache.block_size,
+                                                        len(engine.cache.tables)):
+            raise ValueError(f"the config's blocks of {config.block_size} tokens and "
+                             f"{config.max_num_seqs} rows are not the engine cache's "
+                             f"({engine.cache.block_size}, {len(engine.cache.tables)})")
+        kv = KVCacheManager.from_config(config, engine.num_kv_blocks)  # the engine's pool
         policy = load_class(BATCHING_POLICIES[config.batching])  # a Scheduler, or one of its kind
         self.scheduler: Scheduler = policy.from_config(
             config, kv, max_model_len, on_release=engine.release_row, on_move=engine.move_row)
@@ -298,7 +296,7 @@ class EngineCore:
             prefix_cache_hits=sched.prefix_cache_hits, prefix_cache_evictions=kv.evictions,
             recomputed_tokens=sched.recomputed_tokens, forward_passes=e.forward_passes,
             row_steps=e.row_steps, tokens_computed=e.tokens_computed,
-            positions_computed=e.positions_computed)
+            positions_computed=e.positions_computed, kv_cache_usage=kv.usage)
 
     def check_invariants(self) -> None:
         """Every block free or held by exactly one running request, every slot likewise
@@ -308,11 +306,10 @@ class EngineCore:
     def check_drained(self) -> None:
         """After a drain every block is back in the pool and every slot is free."""
         kv = self.scheduler.kv_cache_manager
-        kv.check_invariants()
         assert not self.scheduler.has_unfinished(), "requests are still in the scheduler"
         assert kv.num_free == kv.num_blocks, (
             f"a KV block leaked: {kv.num_blocks - kv.num_free} of {kv.num_blocks} held")
-        self.scheduler.check_invariants()  # every slot is free again
+        self.scheduler.check_invariants()  # the pool's own, and every slot free again
         assert all(len(t) == 0 for t in self.engine.cache.tables), "a cache row kept blocks"
 
     def release_finished(self) -> None:

@@ -65,8 +65,4 @@ class CoreSnapshot:
     row_steps: int  # rows issued, summed over forwards (a static batch's bill)
     tokens_computed: int  # real token positions run through the model
     positions_computed: int  # positions the model ran, padding included (padded prefill)
-
-    @property
-    def kv_cache_usage(self) -> float:
-        """Fraction of the pool's blocks held by requests, 0 to 1 (vLLM's kv_cache_usage)."""
-        return 1 - self.num_free_blocks / self.num_blocks
+    kv_cache_usage: float  # the KV manager's usage: blocks held / blocks, 0 to 1
