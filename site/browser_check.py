@@ -6,11 +6,12 @@ on 127.0.0.1, opens every page, and fails unless
 
 - every page logs no console error and requests nothing but 127.0.0.1, localhost or data: URLs;
 - every chapter page shows its title, its figures (an <img> that loaded: naturalWidth > 0) and its
-  claims table (build/book.json, written by build_book.py, says what each chapter must show).
+  one numbers table (build/book.json, written by build_book.py, says what each chapter must show).
 
-It saves a screenshot of every page in build/site-screenshots/. It drives Chromium through the
-DevTools protocol over ``--remote-debugging-pipe`` (the browser reads NUL-terminated JSON on fd 3
-and writes on fd 4), so it needs nothing beyond the standard library and /usr/bin/chromium.
+It saves screenshots of every page, whole, in build/site-screenshots/ (a long page in tiles of
+TILE pixels). It drives Chromium through the DevTools protocol over ``--remote-debugging-pipe``
+(the browser reads NUL-terminated JSON on fd 3 and writes on fd 4), so it needs nothing beyond
+the standard library and /usr/bin/chromium.
 
 It checks build/site as it finds it and builds nothing: ``make site-test`` first runs
 ``build_book.py --fresh`` and builds the book only when build/site.stamp does not match the
@@ -43,6 +44,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--hide-scrollbars", "--remote-debugging-pipe"]
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+TILE = 8000  # pixels of page per screenshot
 PAGE_FACTS = """(() => {
   const text = el => el ? [...el.childNodes].filter(n => !n.classList?.contains('headerlink'))
       .map(n => n.textContent).join('').trim() : '';
@@ -55,6 +57,7 @@ PAGE_FACTS = """(() => {
     images: [...article.querySelectorAll('img')].map(i => ({
         src: i.getAttribute('src'), loaded: i.complete && i.naturalWidth > 0})),
     claim_rows: claims.length ? claims[0].querySelectorAll('tbody tr').length : -1,
+    claim_tables: claims.length,
   };
 })()"""
 
@@ -135,10 +138,18 @@ class Chromium:
         facts = self.call("Runtime.evaluate", session=self.session, expression=PAGE_FACTS,
                           returnByValue=True)["result"]["value"]
         size = self.call("Page.getLayoutMetrics", session=self.session)["cssContentSize"]
-        clip = {"x": 0, "y": 0, "width": 1280, "height": min(size["height"], 8000), "scale": 1}
-        png = self.call("Page.captureScreenshot", session=self.session, format="png", clip=clip,
-                        captureBeyondViewport=True)["data"]
-        shot.write_bytes(base64.b64decode(png))
+        height = max(1, int(size["height"]))
+        # the whole page, in tiles of at most TILE pixels (a browser's one capture is bounded):
+        # home.png for a short page, home-1.png, home-2.png, ... for a long one
+        tiles = range(0, height, TILE)
+        for n, top in enumerate(tiles, 1):
+            clip = {"x": 0, "y": top, "width": 1280, "height": min(TILE, height - top),
+                    "scale": 1}
+            png = self.call("Page.captureScreenshot", session=self.session, format="png",
+                            clip=clip, captureBeyondViewport=True)["data"]
+            name = shot if len(tiles) == 1 else shot.with_name(f"{shot.stem}-{n}.png")
+            name.write_bytes(base64.b64decode(png))
+        facts["height"], facts["tiles"] = height, len(tiles)
         return facts, self.events
 
     def close(self) -> None:
@@ -220,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                 if page in chapters:
                     problems += chapter_problems(chapters[page], facts)
                 status = "ok" if not problems else "FAIL"
-                print(f"  {status:4} /{page}  ({len(facts['images'])} image(s))")
+                print(f"  {status:4} /{page}  ({len(facts['images'])} image(s), "
+                      f"{facts['height']:,} px in {facts['tiles']} screenshot(s))")
                 for p in problems:
                     print(f"       {p}")
                 failed += [f"/{page}: {p}" for p in problems]
@@ -244,7 +256,9 @@ def chapter_problems(chapter: dict, facts: dict) -> list[str]:
               if f"figures/{f}" not in shown]
     found += [f"image {i['src']} did not load" for i in facts["images"] if not i["loaded"]]
     if facts["claim_rows"] < 1:
-        found.append("no claims table (claim | stated | measured | verdict) with rows")
+        found.append("no numbers table (claim | stated | measured | verdict) with rows")
+    if facts["claim_tables"] > 1:
+        found.append(f"{facts['claim_tables']} numbers tables; a chapter page shows one")
     return found
 
 

@@ -57,13 +57,20 @@ STAMP = BUILD / "site.stamp"
 TOOLS = ("torch", "mkdocs", "mkdocs-material", "mkdocstrings", "mkdocstrings-python",
          "nbformat", "nbconvert", "nbclient", "ipykernel", "jupytext", "matplotlib")
 
-# (first day, last day, phase): a chapter belongs to the phase whose range holds its day.
-PHASES = [
-    (1, 13, "The model"),
-    (14, 29, "Memory"),
-    (30, 42, "Batching and the scheduler"),
-    (43, 48, "Serving"),
-    (49, 10**6, "Benchmark and optimise"),
+# The book's parts, in order: (first day, last day, name, what the part builds). A chapter
+# belongs to the part whose range holds its day; the home page and the nav list them in order.
+PARTS = [
+    (1, 13, "The model", "a Llama forward pass, generation, the KV cache and sampling"),
+    (14, 26, "Memory", "the KV cache cut into blocks, as an operating system pages memory"),
+    (27, 35, "Batching and scheduling",
+     "many requests in one forward, the engine's loop, the floor a step cannot beat, preemption"),
+    (36, 40, "Serving", "the engine core, the async front door and the OpenAI-compatible server"),
+    (41, 45, "Chunked prefill and prefix caching",
+     "a token budget per step, and prompts that share a prefix share its blocks"),
+    (46, 48, "The server under fire", "bad input, overload, faults and a soak"),
+    (49, 56, "Speed on a CPU", "compiled decode, bf16, the peers, fused C++ ops, the flags"),
+    (57, 63, "Graphs and kernels", "CUDA graphs, the persistent batch and a Triton kernel"),
+    (64, 10**6, "Scale and structure", "tensor parallelism and structured outputs"),
 ]
 TITLE = re.compile(r"# Day (\d+): (.+)")
 LINK = re.compile(r"(\]\()([^)\s#]+)([^)\s]*)")  # ](target#anchor "title"  -> groups 1, 2, 3
@@ -84,8 +91,8 @@ class Chapter:
         return f"chapters/{self.name}/index.md"
 
     @property
-    def phase(self) -> str:
-        return next(p for lo, hi, p in PHASES if lo <= self.day <= hi)
+    def part(self) -> str:
+        return next(p for lo, hi, p, _ in PARTS if lo <= self.day <= hi)
 
 
 def find_chapters() -> list[Chapter]:
@@ -132,17 +139,19 @@ def cpu_name() -> str:
     return names[0] if names else "this machine's CPU"
 
 
-def claims_table(ch: Chapter) -> tuple[str, list[str]]:
-    """The chapter's claims as a markdown table, every kind measured (timed ones included), and
-    the failures that must fail the build: any failing claim that is not timed. A failing timed
-    claim is shown and warned about, never fatal: load on a shared machine is not a bug."""
+def numbers_table(ch: Chapter) -> tuple[str, list[str]]:
+    """The chapter's one numbers table as the page shows it: each row of the README's table with
+    what was measured when the page was built and the verdict, every kind measured (timed ones
+    included); and the failures that must fail the build: any failing claim that is not timed.
+    A failing timed claim is shown and warned about, never fatal: load on a shared machine is
+    not a bug."""
     from chapters.runner import ChapterError, run_chapter
 
     try:
         results = run_chapter(ch.path)
     except ChapterError as e:
-        return f"## Claims\n\n**error:** {cell(e)}\n", [f"{ch.title}: {e}"]
-    rows = ["| claim | kind | stated | measured | verdict |", "|---|---|---|---|---|"]
+        return f"**error:** {cell(e)}\n", [f"{ch.title}: {e}"]
+    rows = ["| claim | stated | measured | verdict |", "|---|---|---|---|"]
     fatal = []
     for r in (r for r in results if r.failed):
         line = f"{ch.title}: {r.claim.kind} claim {r.claim.row!r} {r.verdict}: {r.measured}"
@@ -150,15 +159,32 @@ def claims_table(ch: Chapter) -> tuple[str, list[str]]:
         if r.blocking:
             fatal.append(line)
     for r in results:
-        rows.append(f"| {cell(r.claim.row)} | {r.claim.kind} | {cell(r.stated)} "
-                    f"| {cell(r.measured)} | {cell(r.verdict)} |")
-    intro = (f"Every number this chapter states, recomputed when this page was built "
-             f"({time.strftime('%Y-%m-%d')}, on {cpu_name()}, torch {version('torch')}). "
-             "Timed claims are wall-clock ratios on that machine; a failing one is shown but "
-             "does not fail the build. GPU numbers come from the measurements committed in the "
-             "chapter's `results/` and name their hardware; a GPU number with no measurement is "
-             f"*skipped*. `make chapter-{ch.day}` prints the same table.")
-    return f"## Claims\n\n{intro}\n\n" + "\n".join(rows) + "\n", fatal
+        kind = "" if r.claim.kind in ("exact", "bound") else f" ({r.claim.kind})"
+        rows.append(f"| {cell(r.claim.row)} | {cell(r.stated)} | {cell(r.measured)} "
+                    f"| {cell(r.verdict)}{kind} |")
+    note = (f"*Measured when this page was built ({time.strftime('%Y-%m-%d')}, on "
+            f"{cpu_name()}, torch {version('torch')}); `make chapter-{ch.day}` prints the same "
+            "table on your machine. A timed row is a wall-clock ratio on that machine, shown but "
+            "never failing the build; a gpu or recorded row is read from the measurement "
+            "committed in the chapter's `results/` and names the machine that made it.*")
+    return "\n".join(rows) + "\n\n" + note + "\n", fatal
+
+
+def with_numbers(readme: str, table: str) -> str:
+    """The README with its numbers table (the one headed ``| claim | stated |``) replaced by
+    ``table``: one table per page, where the chapter put it."""
+    from chapters.runner import _cells
+
+    lines, out, i = readme.splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].lstrip().startswith("|") and _cells(lines[i])[:2] == ["claim", "stated"]:
+            while i < len(lines) and lines[i].lstrip().startswith("|"):
+                i += 1
+            out.append(table.rstrip("\n"))
+            continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out) + "\n"
 
 
 def rewrite_links(ch: Chapter, text: str, page_dir: Path, notebook_shown: bool) -> str:
@@ -190,18 +216,19 @@ def rewrite_links(ch: Chapter, text: str, page_dir: Path, notebook_shown: bool) 
 
 
 def write_chapter(ch: Chapter, figures: list[Path], execute: bool) -> list[str]:
-    """Write the chapter's page; return its failing claims (see claims_table)."""
+    """Write the chapter's page; return its failing claims (see numbers_table)."""
     page_dir = DOCS / "chapters" / ch.name
     (page_dir / "figures").mkdir(parents=True, exist_ok=True)
     for png in figures:
         shutil.copy2(png, page_dir / "figures" / png.name)
     source = ch.path / "notebook.py"
     shown = source.is_file() and execute
-    parts = [rewrite_links(ch, (ch.path / "README.md").read_text(), page_dir, shown).rstrip()]
+    readme = (ch.path / "README.md").read_text()
     fatal: list[str] = []
     if (ch.path / "claims.py").is_file():
-        table, fatal = claims_table(ch)
-        parts.append(table)
+        table, fatal = numbers_table(ch)
+        readme = with_numbers(readme, table)
+    parts = [rewrite_links(ch, readme, page_dir, shown).rstrip()]
     if shown:
         nb = notebooks.execute(source, ROOT)
         (BUILD / "notebooks").mkdir(parents=True, exist_ok=True)
@@ -246,12 +273,50 @@ def write_api() -> list[dict]:
     return nav
 
 
-def write_home(chapters: list[Chapter]) -> None:
-    lines = ["## Contents", ""]
-    for _, _, phase in PHASES:
-        members = [c for c in chapters if c.phase == phase]
-        if members:
-            lines += [f"### {phase}", ""] + [f"- [{c.title}]({c.page})" for c in members] + [""]
+def since_then_page(part: str, chapters: list[Chapter]) -> str | None:
+    """The part's "Since then" page: each chapter's since_then.md (what later days changed about
+    that day's work), under the chapter's title; None when no chapter of the part has one."""
+    members = [c for c in chapters if c.part == part and (c.path / "since_then.md").is_file()]
+    if not members:
+        return None
+    slug = re.sub(r"[^a-z0-9]+", "-", part.lower()).strip("-")
+    page_dir = DOCS / "chapters" / f"since-{slug}"
+    page_dir.mkdir(parents=True, exist_ok=True)
+    text = [f"# {part}: since then", "",
+            "What later days changed about this part's work, in the order of the chapters it "
+            "changed. Each entry names the day that made the change; that day's chapter tells "
+            "how, and its table holds the numbers.", ""]
+    for c in members:
+        body = rewrite_links(c, (c.path / "since_then.md").read_text(), page_dir, False)
+        text += [f"## [{c.title}](../{c.name}/index.md)", "", body.strip(), ""]
+    (page_dir / "index.md").write_text("\n".join(text))
+    return f"chapters/since-{slug}/index.md"
+
+
+def write_looking_back() -> str:
+    """The closing chapter, chapters/looking_back/README.md, after the last part: not a day, so
+    it has no claims of its own; its numbers are the days' it names."""
+    page_dir = DOCS / "chapters" / "looking-back"
+    page_dir.mkdir(parents=True, exist_ok=True)
+    last = Chapter(ROOT / "chapters" / "looking_back", 10**6, "Looking back")
+    text = (last.path / "README.md").read_text()
+    (page_dir / "index.md").write_text(rewrite_links(last, text, page_dir, False))
+    return "chapters/looking-back/index.md"
+
+
+def write_home(chapters: list[Chapter], extra: dict[str, str | None]) -> None:
+    """The home page: site/home.md with the parts and their chapters in place of its marker."""
+    lines = []
+    for n, (_, _, part, what) in enumerate(PARTS, 1):
+        members = [c for c in chapters if c.part == part]
+        if not members:
+            continue
+        lines += [f"### Part {n}: {part}", "", f"*{what[0].upper()}{what[1:]}.*", ""]
+        lines += [f"- [{c.title}]({c.page})" for c in members]
+        if extra.get(part):
+            lines.append(f"- [Since then]({extra[part]})")
+        lines.append("")
+    lines += ["### Closing", "", f"- [Looking back]({extra['Looking back']})", ""]
     home = (SITE / "home.md").read_text().replace("<!-- contents -->", "\n".join(lines))
     (DOCS / "index.md").write_text(home)
 
@@ -347,14 +412,19 @@ def main(argv: list[str] | None = None) -> int:
         book.append({"name": ch.name, "title": ch.title, "url": f"chapters/{ch.name}/",
                      "figures": referenced_figures(ch, figures)})
         print(f"  {ch.title}: {len(figures)} figure(s), {time.perf_counter() - t0:.1f}s")
-    write_home(chapters)
+    extra = {part: since_then_page(part, chapters) for _, _, part, _ in PARTS}
+    extra["Looking back"] = write_looking_back()
+    write_home(chapters, extra)
     (DOCS / "assets").mkdir()
     shutil.copy2(SITE / "book.css", DOCS / "assets" / "book.css")
     nav = [{"Home": "index.md"}]
-    for _, _, phase in PHASES:
-        members = [{c.title: c.page} for c in chapters if c.phase == phase]
+    for n, (_, _, part, _) in enumerate(PARTS, 1):
+        members = [{c.title: c.page} for c in chapters if c.part == part]
+        if extra.get(part):
+            members.append({"Since then": extra[part]})
         if members:
-            nav.append({phase: members})
+            nav.append({f"Part {n}: {part}": members})
+    nav.append({"Looking back": extra["Looking back"]})
     nav.append({"API reference": write_api()})
     (BUILD / "book.json").write_text(json.dumps({"nav": nav, "chapters": book}, indent=1))
     print(f"wrote {DOCS.relative_to(ROOT)}/: {len(chapters)} chapter(s)")

@@ -1,6 +1,6 @@
 """mkdocs hook: take the nav from build/book.json, which build_book.py writes.
 
-Why this exists: the nav depends on which chapters exist (grouped by phase, in day order) and on
+Why this exists: the nav depends on which chapters exist (grouped into parts, in day order) and on
 which modules nanoserve/ holds, so it cannot be written by hand in mkdocs.yml. The generator knows
 both; this hook hands its answer to mkdocs.
 """

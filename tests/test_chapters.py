@@ -308,7 +308,8 @@ def test_a_failing_timed_claim_does_not_block(tmp_path):
 
 
 def test_the_site_build_fails_on_a_failing_claim_but_not_on_a_timed_one(tmp_path, monkeypatch):
-    """site/build_book.py's claims table: every verdict shown; only non-timed failures fatal."""
+    """site/build_book.py's numbers table: every verdict shown; only non-timed failures fatal;
+    the page shows it in the README's place, the one table on the page."""
     pytest.importorskip("nbconvert")
     monkeypatch.syspath_prepend(str(runner.CHAPTERS.parent / "site"))
     import build_book
@@ -318,11 +319,14 @@ def test_the_site_build_fails_on_a_failing_claim_but_not_on_a_timed_one(tmp_path
     pairs = [(timed("t", lambda: 1.0), "≥ 2x"), (exact("e", lambda: 1), "1")]
     monkeypatch.setattr(runner, "run_chapter",
                         lambda path: [runner.evaluate(c, s, path) for c, s in pairs])
-    table, fatal = build_book.claims_table(chapter)
-    assert "| t | timed | ≥ 2x | 1.00x | FAIL |" in table and fatal == []
+    table, fatal = build_book.numbers_table(chapter)
+    assert "| t | ≥ 2x | 1.00x | FAIL (timed) |" in table and fatal == []
     pairs[1] = (exact("e", lambda: 2), "1")
-    table, fatal = build_book.claims_table(chapter)
-    assert "| e | exact | 1 | 2 | FAIL |" in table and len(fatal) == 1
+    table, fatal = build_book.numbers_table(chapter)
+    assert "| e | 1 | 2 | FAIL |" in table and len(fatal) == 1
+    page = build_book.with_numbers((ch / "README.md").read_text(), table)
+    assert page.count("| claim |") == 1 and "| claim | stated | measured | verdict |" in page
+    assert page.index("| e | 1 | 2 | FAIL |") > page.index("# Day 99")
 
 
 def test_a_claim_this_machine_cannot_make_is_skipped_with_its_reason(tmp_path):
