@@ -184,8 +184,9 @@ for bad in [lambda: SamplingParams(temperature=-1),
 # %% [markdown]
 # ## 6. What the shipped model knows
 #
-# nanoserve-tiny has about 31 parameters per training token and saw its training text ~22
-# times. On a topic it trained on, it recites; on a prompt the manual does not continue, it
+# The training log says how many parameters the model has for each token it trained on, and
+# how many times it went over its text; both are printed below. With that much capacity per
+# token it recites a topic it trained on, and on a prompt the manual does not continue it
 # produces plausible, wrong text. Its loss on the first 256 tokens of a topic it trained on
 # ("try") and of a held-out one ("import") shows the same gap as the training log.
 
@@ -197,6 +198,9 @@ for p in ['The "while" statement is used', "Exceptions are"]:
 log = json.loads((ROOT / "nanoserve/checkpoints/nanoserve-tiny/train_log.json").read_text())
 print(f"train_log.json: final training loss {log['final_train_loss']:.2f}, "
       f"validation loss {log['val_loss']:.2f}")
+passes = log["steps"] * log["batch"] * log["seq_len"] / log["train_tokens"]
+print(f"{log['parameters'] / log['train_tokens']:.1f} parameters per training token, "
+      f"{passes:.1f} passes over the training text")
 with torch.inference_mode():
     for name, held_out in [("try", False), ("import", True)]:
         seq = tok.encode(topics[name].strip())[:256]

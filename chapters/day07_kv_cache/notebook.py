@@ -281,9 +281,9 @@ print("last hidden state, one chunk vs two: max |difference| =",
 # ## What a contiguous cache costs
 #
 # Bytes per token are `2 (K and V) × layers × KV heads × head_dim × bytes per value`. For the
-# shipped model in fp32 that is small; for the shape of Llama-3.2-1B in bf16 it is 32 KiB, and a
-# cache that reserves the full 131,072-token context for one sequence holds 4 GiB whether the
-# sequence uses it or not.
+# shipped model in fp32 that is small. For the shape of Llama-3.2-1B in bf16 it is much larger,
+# and a cache that reserves the full 131,072-token context for one sequence holds all of it
+# whether the sequence uses it or not; the cell below prints both.
 
 # %%
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, nbytes: int) -> int:

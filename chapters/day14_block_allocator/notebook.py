@@ -76,8 +76,9 @@ show(f"c = allocate(4) -> {c}")
 
 # %% [markdown]
 # `c` got blocks 0, 1, 2 (the ones `a` gave back, lowest first) and then 5: the sequence's
-# blocks are not adjacent, and they do not need to be. Day 17's block table maps a token
-# position to its block and offset, wherever that block sits in the pool.
+# blocks are not adjacent, and they do not need to be. A list of the sequence's blocks, in
+# order, is enough to map a token position to its block and offset, wherever that block sits in
+# the pool.
 
 # %% [markdown]
 # ## 3. Every refusal

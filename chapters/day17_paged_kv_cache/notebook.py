@@ -274,9 +274,8 @@ print("slot row 1:", cache.slots.cells[1].tolist())
 
 # %% [markdown]
 # Finally `hold`: a row in the hold set writes its token at its current length and does not
-# grow. A static batch (Day 29) uses it for rows that have finished but must stay in the
-# batch until the whole batch ends: they keep being computed, in place, without needing more
-# blocks.
+# grow. It is meant for a row that has finished but must stay in its batch until the whole
+# batch ends: the row keeps being computed, in place, without needing more blocks.
 
 # %%
 cache.tables[1].extend(pool.allocate(2))

@@ -168,13 +168,12 @@ with torch.inference_mode():
 # %% [markdown]
 # ## 5. What the padding costs
 #
-# The (4, 17) grid has 68 positions and 32 real tokens, so 36 of them, 52.9%, are padding.
-# The model runs its matmuls over all 68. Against that, one forward replaces four, and on a
-# model this small the fixed cost of a forward (Python, operator dispatch, one pass over the
-# weights) is a large share of it. Which effect wins is a matter of measurement: below, this
-# machine, nanoserve-tiny, best of ten with the two variants interleaved. The ratio moves from
-# run to run; on a shared 2-core machine it has ranged from about even to about 3x in favour of
-# the padded forward.
+# The first line below counts the grid: every position in it, real or padding, goes through
+# every matmul of the model. Against that, one forward replaces four, and on a model this small
+# the fixed cost of a forward (Python, operator dispatch, one pass over the weights) is a large
+# share of it. Which effect wins is a matter of measurement: below, this machine,
+# nanoserve-tiny, best of ten with the two variants interleaved. The ratio moves from run to
+# run on a shared machine, so read it as this run's, not as a constant.
 
 # %%
 real = sum(LENGTHS)

@@ -116,10 +116,10 @@ print(f"the batch gathers {gathered} positions and uses {needed} "
 probe.cache.end_step()  # the probe is thrown away; its K/V for this step was never written
 
 # %% [markdown]
-# The -1 cells are clamped to cell 0 before the gather, so the short row really reads 42 keys
-# and values per layer and head, and the mask then throws 37 of them away: key j is visible iff
-# `j <= the query's position` and `j < the row's context length`. The same mask rule as Day 27,
-# now with a single query per row.
+# The -1 cells are clamped to cell 0 before the gather, so the short row really reads keys and
+# values at the full width S, per layer and head, and the mask then throws away every one past
+# its own context: key j is visible iff `j <= the query's position` and `j < the row's context
+# length`. The same mask rule as Day 27, now with a single query per row.
 
 # %%
 q_positions = torch.tensor([[n] for n in CONTEXTS])  # (B, T=1): each row's new position
@@ -128,17 +128,19 @@ mask = (j[None, None, :] <= q_positions[:, :, None]) & \
     (j[None, None, :] < layout.context_lens[:, None, None])  # (B, T, S)
 for b in range(len(rows)):
     print(f"row {b}: " + "".join("#" if m else "." for m in mask[b, 0].tolist()))
+short_need = int(layout.context_lens[0])
+print(f"the short row gathers {S} and the mask hides {S - short_need} of them")
 
 # %% [markdown]
 # As decoding goes on, every row grows by one per step, so the short row keeps paying the same
-# 37 extra positions per layer, every step, for as long as the long row is in the batch. The
-# ratio falls only because the short row's own context grows; with a 2,000-token neighbour it
-# would not fall for a long time.
+# number of extra positions per layer, every step, for as long as the long row is in the batch.
+# The ratio falls only because the short row's own context grows; with a 2,000-token neighbour
+# it would not fall for a long time.
 
 # %%
 for k in (0, 10, 100, 1000):
-    print(f"after {k:4d} more steps: short row needs {5 + k:5d}, gathers {42 + k:5d} "
-          f"({(42 + k) / (5 + k):.2f}x)")
+    print(f"after {k:4d} more steps: short row needs {short_need + k:5d}, gathers {S + k:5d} "
+          f"({(S + k) / (short_need + k):.2f}x)")
 
 # %% [markdown]
 # ## 3. What batching buys on this CPU

@@ -43,15 +43,20 @@ SHIPPED = ROOT / "nanoserve" / "checkpoints" / "nanoserve-tiny"
 # %% [markdown]
 # ## 1. One static batch, counted
 #
-# `batching="static"` keeps Day 29's policy available in the live package (its default is the
-# scheduler of the days that follow). Greedy, with EOS ignored, so that request i produces
-# exactly `max_tokens[i]` tokens and the counts do not depend on what the model says. The pool
-# is 31 blocks of 4 tokens: exactly what the eight worst cases need
-# (7 x ceil(9/4) + ceil(37/4) = 21 + 10).
+# `batching="static"` selects Day 29's policy in the live package. Greedy, with EOS ignored,
+# so that request i produces exactly `max_tokens[i]` tokens and the counts do not depend on what
+# the model says. The pool, in blocks of 4 tokens, is exactly what the eight worst cases
+# (prompt + max_tokens each) need, as the first line below works out.
 
 # %%
+BLOCK = 4
+worst_blocks = [-(-(len(p) + m) // BLOCK) for p, m in zip(DAY29_PROMPTS, DAY29_MAX_TOKENS,
+                                                           strict=True)]
+POOL = sum(worst_blocks)
+print(f"blocks for the worst cases: {sum(worst_blocks[:7])} for the seven short requests + "
+      f"{worst_blocks[7]} for the long one = {POOL}")
 params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in DAY29_MAX_TOKENS]
-llm = LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=31, max_num_seqs=8,
+llm = LLM(SHIPPED, dtype="float32", block_size=BLOCK, num_kv_blocks=POOL, max_num_seqs=8,
           batching="static")
 llm.generate(DAY29_PROMPTS, params)  # warm-up: the first forward pays one-off costs
 llm.stats = Stats()  # count the measured run only
@@ -96,7 +101,8 @@ print(f"\nmedian inflation of the seven short requests: {statistics.median(ratio
 # (8, 5) forward, a decode step an (8, 1) forward.
 
 # %%
-engine = Engine(llm.model, num_kv_blocks=31, block_size=4, max_num_seqs=8, max_model_len=64)
+engine = Engine(llm.model, num_kv_blocks=POOL, block_size=BLOCK, max_num_seqs=8,
+                max_model_len=64)
 rows = list(range(8))
 
 
@@ -131,11 +137,11 @@ for q in (1.0, 2.0, 4.0, 8.0):
 #
 # Every live row-step produces exactly one token that is handed back, so the row-steps spent
 # on finished rows are `issued - useful`. How big "issued" is depends on what one counts as a
-# step. Ours counts every forward, the prefill included. The lab log's Day 30 entry has 264
-# issued for 60 useful, which is 8 x 33: one more pass per row than we run, as if the prefill
-# produced no token and 32 decode steps followed it. Counting decode steps only (the prefill
-# left out on both sides) gives 79.0%, the figure the log's Day 30 post quotes for Day 29; the
-# log does not say how its 79% was counted, so that match is a reading, not a fact.
+# step. Ours counts every forward, the prefill included. The lab log's count has one more pass
+# per row than we run, as if the prefill produced no token and a full set of decode steps
+# followed it. Counting decode steps only (the prefill left out on both sides) reproduces the
+# share the log gives for finished rows; the log does not say how it counted that share, so
+# the match is a reading, not a fact. The cell prints all three.
 
 # %%
 held = sum(st.forward_passes - o.finish_iteration for o in outs)
@@ -153,13 +159,12 @@ print(f"row-steps on held rows: {held} (= 7 rows x {st.forward_passes - 4} itera
 # ## 4. The pool a static batch needs
 #
 # A static batch cannot grow a row's memory halfway through, so every member is granted its
-# worst case, prompt + max_tokens, before the prefill. For this shape that is 31 blocks, most
-# of them for tokens that are never written: each short request holds 3 blocks (12 cells) for a
-# 9-token life. With 30 blocks the eighth request no longer fits, and `LLM` starts it in a
-# second wave after the first one is over.
+# worst case, prompt + max_tokens, before the prefill: the pool of section 1. Each short
+# request holds 3 blocks (12 cells) for a 9-token life. With one block less the eighth request
+# no longer fits, and `LLM` starts it in a second wave after the first one is over.
 
 # %%
-for blocks in (31, 30):
+for blocks in (POOL, POOL - 1):
     small = LLM(SHIPPED, dtype="float32", block_size=4, num_kv_blocks=blocks, max_num_seqs=8,
                 batching="static")
     res = small.generate(DAY29_PROMPTS, params)
@@ -168,12 +173,12 @@ for blocks in (31, 30):
           f"finish iterations {[o.finish_iteration for o in res]}")
 
 # %% [markdown]
-# The second line looks better than the first (36 forwards, but only 60 row-steps, since the
-# long request ran alone), and it is: a static batch's waste comes from putting a long request
-# beside short ones. Waves built in arrival order only get that right by accident.
+# The second line looks better than the first (a few more forwards, but far fewer row-steps,
+# since the long request ran alone), and it is: a static batch's waste comes from putting a
+# long request beside short ones. Waves built in arrival order only get that right by accident.
 #
-# Twenty-four such requests (three copies of the shape) go through 8 slots as three waves of
-# 32 forwards each: 96 iterations. That is the number Day 30's scheduler is compared with.
+# Three copies of the shape, twenty-four requests, go through 8 slots as three waves, one after
+# another, each as long as its long request.
 
 # %%
 llm.stats = Stats()

@@ -4,8 +4,9 @@
 
 writes build/figures/day30_state_machine/state-machine.png. Left, the three states and the edges
 of the Day 30 transition table, with running -> waiting drawn grey because it does not exist yet
-(Day 33 adds it). Right, eight rows as an iteration timeline, counted by the frozen host-only
-harness: a static batch above, the scheduled loop below. Nothing is timed, no model is loaded.
+(a running request runs to its end; preemption is a later chapter). Right, eight rows as an
+iteration timeline, counted by the frozen host-only harness: a static batch above, the scheduled
+loop below. Nothing is timed, no model is loaded.
 """
 
 import pathlib
@@ -56,8 +57,8 @@ def state_machine(ax) -> None:
             fontsize=9, color=COLORS["ink"])
     # running -> waiting: absent until preemption exists
     arrow(ax, (6.6, 7.15), (3.4, 7.15), COLORS["reference"], dashed=True, rad=-0.35)
-    ax.text(5.0, 5.75, "preempt: absent,\nDay 33 adds it", ha="center", va="center",
-            fontsize=9.5, color=COLORS["reference"], style="italic")
+    ax.text(5.0, 5.75, "preempt: not yet;\na running request\nruns to its end", ha="center",
+            va="center", fontsize=9.5, color=COLORS["reference"], style="italic")
     # running -> finished
     arrow(ax, (7.9, 6.8), (6.0, 3.3), COLORS["ink"])
     ax.text(8.25, 4.7, "stop / length\n(or abort)", ha="left", va="center", fontsize=10)
