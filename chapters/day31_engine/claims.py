@@ -89,6 +89,28 @@ def rows_cost_time() -> str | None:
             f"{share:.0%}")
 
 
+def reserved_against_occupied() -> str:
+    """The debt the day carries: the Day-29 shape after its first iteration, host-only over the
+    frozen Day 30 scheduler (worst-case reservation): blocks reserved, then blocks the running
+    requests' tokens occupy."""
+    from chapters.day14_block_allocator.snapshot.block_allocator import BlockAllocator
+    from chapters.day30_state_machine.snapshot.request import Request
+    from chapters.day30_state_machine.snapshot.scheduler import Scheduler
+
+    pool = BlockAllocator(SHAPE["num_blocks"], SHAPE["block_size"])
+    sched = Scheduler(pool, SHAPE["max_num_seqs"])
+    reqs = [Request(i, p, max_tokens=m) for i, (p, m) in enumerate(zip(DAY29_PROMPTS,
+                                                                         DAY29_MAX_TOKENS,
+                                                                         strict=True))]
+    for r in reqs:
+        sched.add(r)
+    for r in sched.schedule().admitted:
+        r.append_token(1)
+    reserved = sum(len(r.blocks) for r in reqs)
+    occupied = sum(pool.blocks_for_length(r.num_tokens) for r in reqs)
+    return f"{reserved} reserved, {occupied} occupied"
+
+
 def same_tokens() -> int:
     static, scheduled = counted()
     return sum(a.token_ids == b.token_ids for a, b in zip(static.replies, scheduled.replies,
@@ -113,4 +135,6 @@ CLAIMS = [
           "one-row decode step costs at most 85% of an eight-row one",
           lambda: _wall(runs()[0]) / _wall(runs()[1]), fmt="{:.2f}x".format,
           needs=rows_cost_time),
+    exact("Day-29 shape after its first iteration: blocks reserved, blocks its tokens occupy",
+          reserved_against_occupied),
 ]

@@ -77,16 +77,21 @@ for policy in ("reserve", "incremental"):
     s = Scheduler(KVCacheManager(64, 4), 4, allocation=policy)
     r = Request("r", [7] * 5, max_tokens=24)
     s.add(r)
-    needs = []
+    needs, bought_at = [], []
     for it in range(1, 14):
         needs.append(s.blocks_needed_for(r))
+        if it > 1 and needs[-1]:
+            bought_at.append(r.num_tokens)
         step(s, it, quiet=True)
     print(f"{policy:12s} blocks added before each of the first 13 forwards: {needs}; "
           f"holds {len(r.blocks)} after {r.num_tokens} tokens")
+    print(f"{'':12s} {needs[0]} at admission; one block bought later at each of tokens: "
+          f"{bought_at or 'none'}")
 
 # %% [markdown]
-# Incremental: 2 blocks for the 5-token prompt, then one more before the forward that writes
-# token 9, and again before token 13. Reserve: 8 blocks on the first step and never again.
+# Incremental: enough blocks for the 5-token prompt, then one more before each forward whose
+# newest token starts a new block (the token counts are printed above). Reserve: the whole
+# worst case on the first step, and never again.
 
 # %% [markdown]
 # ## 2. A preemption by hand
@@ -208,9 +213,10 @@ for pool_tokens in (48, 96, 128):
               f"{t['reservation_waste']:6.3f}")
 
 # %% [markdown]
-# `frag` and `reserv` are means over the iterations that ran the model. Under `reserve` about
-# 44% of the blocks held are empty on an average step; under `incremental` none are, and the
-# only slack is the part of each request's last block that no token fills yet.
+# `frag` and `reserv` are means over the iterations that ran the model. Under `reserve` the
+# `reserv` column says that close to half of the blocks held are empty on an average step;
+# under `incremental` none are, and the only slack is the part of each request's last block
+# that no token fills yet.
 #
 # On the Day-29 shape (8 requests with 5-token prompts; `max_tokens` 4 for seven, 32 for the
 # last; 8 slots) the same change appears as memory: the peak number of blocks held while all
