@@ -22,7 +22,7 @@
 #    client, one request after another, `/metrics` scraped after every request;
 # 3. the same case in process, read from `llm.stats`;
 # 4. evictions through a small pool, predicted and counted;
-# 5. what preemption does to the counters.
+# 5. what preemption does to the counters: nothing.
 
 # %%
 import pathlib
@@ -140,13 +140,16 @@ for i, prompt in enumerate(evict_prompts()):
 assert EVICT_N == i + 1
 
 # %% [markdown]
-# ## 5. Preemption counts a request twice
+# ## 5. A resumed request is not counted again
 #
-# A request preempted by recompute is admitted again later, and looked up again: prompt and
-# output so far. Through Day 43's cramped pool, queries run well past the prompt tokens sent.
+# A request preempted by recompute is admitted again later and looks the cache up again, for
+# its prompt and its output so far. As in vLLM, only a new request's lookup is counted. Day
+# 43's mixed prompts go through its cramped pool in one `generate` call: requests are
+# preempted, and still the prompt tokens looked up equal the prompt tokens sent.
 
 # %%
 from chapters.day44_prefix_counting.claims import preempted_lookups  # noqa: E402
 
 queries, sent, preemptions = preempted_lookups()
-print(f"{preemptions} preemptions: {queries:,} prompt tokens looked up for {sent:,} sent")
+print(f"{preemptions} preemptions: {queries:,} prompt tokens looked up for {sent:,} sent "
+      f"(equal: {queries == sent})")

@@ -11,7 +11,7 @@
 # float32, 4 slots, a 64-block pool, the default 4 MiB body limit). On a 2-core CPU in about
 # ten seconds:
 #
-# 1. the cases: 518 of them in 16 categories, a few shown as the bytes they are;
+# 1. the cases, counted by category, a few shown as the bytes they are;
 # 2. all of them against the live server with `run_fuzz`, category by category;
 # 3. what a refusal says, one per category;
 # 4. the five inputs the first run broke, and what they get now;
@@ -51,7 +51,7 @@ print("serving on", live.url)
 vocab, ctx_len = live.engine.vocab_size, live.engine.max_model_len
 cases = bad_requests(seed=46, vocab_size=vocab, max_model_len=ctx_len)
 counts = collections.Counter(k.category for k in cases)
-print(len(cases), "cases")
+print(len(cases), "cases in", len(counts), "categories")
 for name in CATEGORIES:
     print(f"  {name:24} {counts[name]:4}")
 assert bad_requests(46, vocab, ctx_len) == cases  # seeded: replayable by index
@@ -99,9 +99,9 @@ for name in CATEGORIES:
 # %% [markdown]
 # ## 4. The first run's five inputs
 #
-# Deep nesting, a UTF-8-encoded surrogate and `top_k` of 10^30 each gave a 500 (the last one
-# by failing the whole engine step); a `text/plain` body was served; and a 413 left the
-# connection dirty, so the next request on it was reset. Here each goes out as raw bytes,
+# Deep nesting, a UTF-8-encoded surrogate and a `top_k` of `10**30` each gave a 500 (the
+# last one by failing the whole engine step); a `text/plain` body was served; and a 413 left
+# the connection dirty, so the next request on it was reset. Here each goes out as raw bytes,
 # the 413 case followed by a valid request on the same socket.
 
 # %%

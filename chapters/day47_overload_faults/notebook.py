@@ -14,7 +14,7 @@
 # 1. the frozen door: a burst counted two ways;
 # 2. a live burst of 16 against four busy slots: who gets a 200, who gets a 429;
 # 3. the fault hook under a stream and under a plain request;
-# 4. an engine thread that dies: 503 everywhere, at once.
+# 4. an engine thread that dies: every request refused as unavailable, at once.
 
 # %%
 import pathlib
@@ -139,7 +139,8 @@ print("next request:", httpx.post(live.url + "/v1/completions", json=greedy("The
 #
 # Replace the core's step with one that raises something the core does not contain. The next
 # request kills the engine thread; the thread tells every waiting stream, and from then on the
-# server answers 503 at once, `/health` included.
+# server refuses everything at once as Service Unavailable, `/health` included. The statuses
+# below are what it sends.
 
 # %%
 
