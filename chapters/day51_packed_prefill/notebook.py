@@ -13,7 +13,7 @@
 #
 # 1. three sentences packed by the frozen snapshot: ids, positions and pool cells;
 # 2. the block-diagonal mask those boundaries imply, and the loop that avoids building it;
-# 3. the eight prompts through the live engine, packed and padded: counters, logits,
+# 3. the chapter's eight prompts through the live engine, packed and padded: counters, logits,
 #    greedy tokens;
 # 4. a row with tokens already cached, continued in the same packed step as a fresh prompt;
 # 5. packed against padded, timed, on a ragged batch and on a batch of equal lengths.
@@ -84,7 +84,7 @@ n = sum(layout.seq_lens)
 print(f"\nscores: {sum(k * k for k in layout.seq_lens)} in the blocks, {n * n} in the mask")
 
 # %% [markdown]
-# ## 3. The eight prompts through the live engine
+# ## 3. The chapter's eight prompts through the live engine
 #
 # Lengths 5, 12, 40, 3, 90, 17, 8 and 60, cut from one paragraph. The same `LLM`, changing only
 # `prefill=`. One token each first, so that the counters show the prefill alone.

@@ -15,8 +15,8 @@
 # 4. the bf16 logit error against transformers, on nanoserve-tiny and on SmolLM2-135M's shape;
 # 5. greedy continuations on nanoserve-tiny in bf16 against float32.
 #
-# On a processor without `amx_bf16` or `avx512_bf16`, section 3 shows bf16 without native
-# instructions, and "auto" picks float32.
+# On a processor without `amx_bf16` or `avx512_bf16`, section 3 shows what bf16 costs through
+# `F.linear` without native instructions.
 
 # %%
 import json
@@ -61,7 +61,7 @@ llm = LLM(SHIPPED, dtype="auto", max_model_len=64)  # writes the INFO line above
 print("llm.dtype =", llm.dtype, "| llm.dtype_reason =", llm.dtype_reason)
 
 # %% [markdown]
-# The live package no longer follows the flags: "auto" times the model's MLP in both dtypes at
+# The package itself does not stop at the flags: "auto" times the model's MLP in both dtypes at
 # the first load and keeps the verdict in `build/dtype_auto.json`, one entry per processor
 # model, torch version, thread count and shape. Here is what this machine measured.
 

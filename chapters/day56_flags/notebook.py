@@ -69,8 +69,8 @@ for pb in (None, True, False):
 # ## 2. The control run a bundled library could not build
 #
 # Below the command line nothing implies anything: asking `build_engine` (with a config) for
-# windows over free rows gets exactly that. Day 58 needed this arm to show that the persistent
-# batch, not the windows, is what lifts the replay share.
+# windows over free rows gets exactly that. This is the arm that shows the persistent batch,
+# not the windows, to be what lifts the replay share.
 
 # %%
 engine = build_engine(EngineConfig(SHIPPED, cuda_graphs=True, compact_rows=False,
