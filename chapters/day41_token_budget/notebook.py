@@ -72,8 +72,8 @@ print("long:", long.finish_reason, "after", len(long.output_token_ids), "tokens;
       "blocked on the budget", sched.blocked_on_budget, "times")
 
 # %% [markdown]
-# The four decodes always come first and take 4 of the 16. What is left goes to the prompt:
-# 12 tokens on each of steps 2 to 4, its last 4 on step 5, which is also the step that samples
+# The four decodes always come first, one token each. What is left of the budget goes to the
+# long prompt, chunk by chunk, and the step that carries its last chunk is the one that samples
 # its first token. Between chunks the request is RUNNING, holds its slot and its blocks, and
 # `num_computed_tokens` says how far its K/V reaches.
 #
@@ -85,13 +85,14 @@ print("long:", long.finish_reason, "after", len(long.output_token_ids), "tokens;
 # %%
 for budget in (16, None):
     steps = claims.worked("live", budget)
-    print(f"budget {budget}: tokens per step {[s.tokens for s in steps]}; the long prompt's "
-          f"first token on step {claims.first_token_step(steps)}")
+    print(f"budget {budget}: tokens per step {[s.tokens for s in steps]}; largest step "
+          f"{max(s.tokens for s in steps)}; the long prompt's first token on step "
+          f"{claims.first_token_step(steps)}")
 
 # %% [markdown]
-# Without the budget, step 2 computes all 40 prompt tokens and the four decodes wait for them:
-# a 44-token step. With it no step computes more than 16, and the long prompt pays with three
-# more steps before its first token.
+# Without the budget, step 2 computes the whole prompt and the four decodes wait for it, the
+# largest step of either schedule. With the budget no step computes more than the budget, and
+# the long prompt pays with a later first token.
 #
 # ## 3. The package against the snapshot
 #
@@ -131,9 +132,9 @@ print("the long request after each step: row length",
 
 # %% [markdown]
 # Whole prompts run step 2 as two forwards, the prefill and then the decode; the budget runs
-# every step as one. That is also why Days 36, 49, 56, 57 and 62 build their engines with
-# `enable_chunked_prefill=False`: their tables count forwards and decode steps as they were
-# before the budget. Day 36's own workload, chunking off and then on:
+# every step as one. That is also why a chapter whose table counts forwards and decode steps,
+# such as Day 36, builds its engine with `enable_chunked_prefill=False`. Day 36's own workload,
+# iterations, forward passes and row-steps, chunking off and then on:
 
 # %%
 print(claims.day36_counts())

@@ -9,7 +9,9 @@
 #
 # Day 41 gave every step a token budget (`max_num_batched_tokens`): the running streams' decode
 # tokens first, then prompt tokens, the last prompt cut to what is left (chunked prefill). Here
-# the budget is measured from outside, over HTTP, on a CPU in about two minutes:
+# the budget is measured from outside, over HTTP, on a CPU in about two minutes. As in the
+# chapter, every engine runs PyTorch's own operations, with the C++ CPU ops off
+# (`--kernels off --attention gathered`):
 #
 # 1. the workload, `long_among_short`: streams with a long prompt arriving among them;
 # 2. how each budget cuts that long prompt, on the live scheduler with no model;
