@@ -1,8 +1,10 @@
 """Day 58's numbers: the coverage table row by row, what the moves cost on the real engine, the
-gates' verdicts, and the tokens with compaction on against off.
+gates' verdicts, Day 57's windows over the persistent batch, and the tokens with compaction on
+against off.
 
 Host counts come from the package's harness (``nanoserve bench graph --coverage``) and are held
-against the frozen snapshot's; the model claims run nanoserve-tiny in float32 on one thread.
+against the frozen snapshot's; the model claims run nanoserve-tiny in float32 on one thread, the
+windows in eager replay (no CUDA here), through Day 57's own worst-shape run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import re
 from pathlib import Path
 
 from chapters.common import SHIPPED, one_thread
+from chapters.day57_graph_capture.claims import counters as window_counters
+from chapters.day57_graph_capture.claims import padding as window_padding
 from chapters.runner import exact
 
 from .snapshot import compact as snap
@@ -284,6 +288,32 @@ def tokens_on_off() -> str:
             f"schedule that had just preempted")
 
 
+@functools.cache
+def windows_on_off() -> str:
+    """Day 57's windows over the persistent batch: twelve greedy requests through a pool small
+    enough to preempt, compaction on; windows off, then on."""
+    from nanoserve import LLM, SamplingParams
+
+    prompts = [[0, *range(3 + i, 8 + i + i % 4)] for i in range(12)]
+    ps = [SamplingParams(temperature=0, max_tokens=(4, 8, 16, 32)[i % 4] + i % 3,
+                         ignore_eos=True) for i in range(12)]
+    runs = {}
+    with one_thread():
+        for graphs in (False, True):
+            llm = LLM(SHIPPED, dtype="float32", block_size=4, max_num_seqs=6, max_model_len=64,
+                      num_kv_blocks=20, compact_rows=True, cuda_graphs=graphs,
+                      skip_tokenizer_init=True, enable_chunked_prefill=False)
+            toks = [o.token_ids for o in llm.generate(prompts, ps)]
+            s = llm.stats
+            runs[graphs] = (toks, s.preemptions, llm.core.scheduler.compactor.moves,
+                            s.decode_steps, s.decode_steps_replayed)
+    (off, pre_off, mv_off, *_), (on, pre_on, mv_on, steps, replayed) = runs[False], runs[True]
+    differ = sum(a != b for a, b in zip(off, on, strict=True))
+    same = "each" if (pre_off, mv_off) == (pre_on, mv_on) else f"vs {pre_off}, {mv_off}"
+    return (f"{differ} of {len(on)} differ; {pre_on} preemptions and {mv_on} moves {same}; "
+            f"{replayed} of {steps} decode steps replayed")
+
+
 CLAIMS = [
     *(exact(label(mode, *shape), functools.partial(table_row, mode, *shape))
       for mode in MODE_LABEL for shape in COVERAGE_SHAPES),
@@ -314,4 +344,8 @@ CLAIMS = [
     exact("every occupancy of rows 0-9: strays = holes = plan length, and the plan leaves a "
           "prefix", every_occupancy),
     exact("nanoserve-tiny, cramped pool, greedy float32, compaction off vs on", tokens_on_off),
+    exact("worst shape, windows with the persistent batch", lambda: window_counters(True)),
+    exact("worst shape, persistent batch: padding", lambda: window_padding(True)),
+    exact("cramped pool (12 requests, 6 slots, block size 4, 20 blocks), compaction on, greedy "
+          "float32: windows off vs on", windows_on_off),
 ]

@@ -86,11 +86,13 @@ draw(after, 6, "after:")
 
 # %% [markdown]
 # The price of a plan is its moves and the cells each move copies: the source row's cached
-# length. Say rows 3 and 4 hold 37 and 12 tokens:
+# length. Give the three rows some lengths and price the plan:
 
 # %%
-print(move_cells(plan, {1: 20, 3: 37, 4: 12}), "cells, i.e.",
-      move_cells(plan, {1: 20, 3: 37, 4: 12}) * 8, "bytes of int64 addressing")
+lengths = {1: 20, 3: 37, 4: 12}
+print("cached lengths:", lengths)
+print(move_cells(plan, lengths), "cells, i.e.", move_cells(plan, lengths) * 8,
+      "bytes of int64 addressing")
 
 # %% [markdown]
 # ## 2. The free-row heap strands a survivor

@@ -7,7 +7,7 @@
 # %% [markdown]
 # # Day 59 notebook: graphbench, rehearsed on a CPU
 #
-# On a lent card, `make gpu-check` runs the gpu tests, Day 57's capture and Day 62's kernel,
+# On a lent card, `make gpu-check` runs the gpu tests, Day 57's capture and a kernel timing,
 # then graphbench's three arms over random Llama-3.2-1B-shaped weights. Here, in about half a
 # minute and with no card:
 #

@@ -35,8 +35,8 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## 1. Split by hand
 #
-# 700 base-2 scores and their values, cut at 256 and 512. Each piece keeps only its normalised
-# output and its LSE; the merge weights them by `2^(lse - max)`.
+# One row of base-2 scores and their values, cut into three uneven pieces. Each piece keeps
+# only its normalised output and its LSE; the merge weights them by `2^(lse - max)`.
 
 # %%
 g = torch.Generator().manual_seed(61)
