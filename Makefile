@@ -57,8 +57,9 @@ serve: setup ## the OpenAI-compatible server on the shipped model at 127.0.0.1:8
 train-tiny: setup ## retrain the shipped model (seeded; about 25 minutes on 2 cores)
 	$(PY) tools/train_tiny.py --out nanoserve/checkpoints/nanoserve-tiny
 
-bench: setup ## timed and GPU claims, then benchmarks (pytest-benchmark); on CUDA where present
+bench: setup ## the decode roofline, timed and GPU claims, then benchmarks (pytest-benchmark); on CUDA where present
 	@$(PY) -c "from chapters.common import hardware; print('make bench on:', hardware())"
+	$(PY) -m nanoserve.bench.roofline
 	$(PY) -m chapters.runner all --kinds timed,gpu,recorded
 	$(PY) -m pytest -q -m bench --benchmark-only --benchmark-columns=min,median,max
 	@$(call offline_tables,nanoserve$(comma)hf$(comma)hf-cb)
