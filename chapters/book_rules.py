@@ -76,7 +76,8 @@ def words(chapter: Path) -> int:
 
 
 def quoted(chapter: Path) -> int:
-    return (chapter / "README.md").read_text().count("(quoted from")
+    """The "(quoted from ...)" asides, a line break inside the marker included."""
+    return len(re.findall(r"\(quoted\s+from\b", (chapter / "README.md").read_text()))
 
 
 def later_days(chapter: Path) -> list[tuple[int, str]]:

@@ -63,7 +63,7 @@ def test_a_number_in_bold_is_caught(tmp_path):
 
 
 def test_too_many_quotes_and_too_many_words_are_caught(tmp_path):
-    quotes = " ".join(f"It ran {n} s (quoted from a log)." for n in range(3))
+    quotes = " ".join(f"It ran {n} s (quoted\nfrom a log)." for n in range(3))
     assert any("quoted" in f for f in book_rules.check(_chapter(tmp_path, quotes)))
     long = _chapter(tmp_path / "b", "word " * book_rules.MAX_WORDS)
     assert any("words of prose" in f for f in book_rules.check(long))

@@ -95,8 +95,9 @@ if __name__ == "__main__":
 
 # %% [markdown]
 # The header is 1024 int64 and its first cell holds the length, so this message, and every
-# decode step of up to a few hundred rows, is one broadcast of 8,192 bytes. A prefill of a long
-# prompt does not fit and sends the rest in a second broadcast of exactly the tail:
+# decode step of up to a few hundred rows, is a single broadcast of the header. A prefill of a
+# long prompt does not fit and sends the rest in a second broadcast of exactly the tail (the
+# header's size in bytes is printed beside it):
 
 # %%
 if __name__ == "__main__":

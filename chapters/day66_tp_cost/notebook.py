@@ -8,7 +8,7 @@
 # # Day 66 notebook: what crosses between the ranks
 #
 # A tensor-parallel decode step meets the other ranks at 2L + 1 all-reduces of (rows, hidden),
-# one gather of the float32 logits and one 8,192-byte header broadcast. This notebook first
+# one gather of the float32 logits and one broadcast of the fixed header. This notebook first
 # prices those from the shapes alone with the frozen cost model, then counts them on a real
 # `-tp 2` engine and checks that the two agree. In about a minute on a CPU:
 #
