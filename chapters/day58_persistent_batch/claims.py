@@ -1,6 +1,6 @@
 """Day 58's numbers: the coverage table row by row, what the moves cost on the real engine, the
-gates' verdicts, Day 57's windows over the persistent batch, and the tokens with compaction on
-against off.
+gates' verdicts, Day 57's windows over the persistent batch, the tokens with compaction on
+against off, and Day 56's sixteen flag combinations counted for replays and compilations.
 
 Host counts come from the package's harness (``nanoserve bench graph --coverage``) and are held
 against the frozen snapshot's; the model claims run nanoserve-tiny in float32 on one thread, the
@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from chapters.common import SHIPPED, one_thread
+from chapters.day56_flags.claims import matrix as flag_matrix
 from chapters.day57_graph_capture.claims import counters as window_counters
 from chapters.day57_graph_capture.claims import padding as window_padding
 from chapters.runner import exact
@@ -314,6 +315,27 @@ def windows_on_off() -> str:
             f"{replayed} of {steps} decode steps replayed")
 
 
+def flag_shares() -> str:
+    """Day 56's sixteen engines (compile x attention x windows x compaction), rerun now that the
+    windows and the persistent batch exist: the replay share of each pairing of the two, the
+    same whichever compile and attention read ran beside it (else every value seen)."""
+    def share(graphs: bool, compact: bool) -> str:
+        got = {f"{r['share']:.0%}" for r in flag_matrix()
+               if (r["graphs"], r["compact"]) == (graphs, compact)}
+        return got.pop() if len(got) == 1 else "/".join(sorted(got))
+
+    return (f"{share(True, True)}, {share(True, False)}, {share(False, True)}, "
+            f"{share(False, False)}")
+
+
+def flag_compiles() -> str:
+    """The same runs, compiled through dynamo over the gathered read: decode compilations per
+    run, in the matrix's order (windows off then on; free rows then persistent)."""
+    got = [r["compiles"] for r in flag_matrix()
+           if r["compile"] and r["attention"] == "gathered"]
+    return ", ".join(map(str, got))
+
+
 CLAIMS = [
     *(exact(label(mode, *shape), functools.partial(table_row, mode, *shape))
       for mode in MODE_LABEL for shape in COVERAGE_SHAPES),
@@ -348,4 +370,8 @@ CLAIMS = [
     exact("worst shape, persistent batch: padding", lambda: window_padding(True)),
     exact("cramped pool (12 requests, 6 slots, block size 4, 20 blocks), compaction on, greedy "
           "float32: windows off vs on", windows_on_off),
+    exact("replay share: graphs + persistent, graphs + free rows, persistent alone, neither",
+          flag_shares),
+    exact("decode compilations per run, gathered read (graphs off: free, persistent; graphs on: "
+          "free, persistent)", flag_compiles),
 ]

@@ -2,7 +2,7 @@
 
     python chapters/day58_persistent_batch/diagram.py
 
-writes two files into build/figures/day58_persistent_batch/:
+writes three files into build/figures/day58_persistent_batch/:
 
 - persistent-batch.png: the worst shape of the table (8 slots, 16 requests, generation lengths
   4/8/16/32) as eight cache rows over its iterations, one coloured bar per request in the row it
@@ -10,9 +10,13 @@ writes two files into build/figures/day58_persistent_batch/:
   free-row heap. Bottom: the persistent batch, with each move drawn as an arrow.
 - coverage.png: the share of decode steps that could replay, per shape and scheduler, with the
   moves and cells the persistent batch paid written on its bars.
+- windows.png: the worst shape through Day 57's windows on nanoserve-tiny (eager replay), the
+  decode steps each window replayed under free rows and under the persistent batch, and the
+  steps that replayed none.
 
-Everything is counted by the frozen snapshot (Day 33's scheduler with this day's compaction)
-over integer tokens; no model is loaded and nothing is timed.
+The first two are counted by the frozen snapshot (Day 33's scheduler with this day's
+compaction) over integer tokens, with no model loaded; the third reads Day 57's claims' runs of
+the shipped model. Nothing is timed.
 """
 
 import pathlib
@@ -140,6 +144,36 @@ def coverage_figure() -> None:
     save(fig, __file__, "coverage")
 
 
+def windows_figure() -> None:
+    """Day 57's windows on the worst shape, free rows beside the persistent batch: the decode
+    steps each window replayed, and the steps that replayed none. Read from Day 57's claims'
+    own runs of nanoserve-tiny (eager replay on a CPU)."""
+    from chapters.day57_graph_capture.claims import worst
+
+    fig, ax = figure(width=7.5, height=4.2)
+    width = 0.38
+    for j, compact in enumerate((False, True)):
+        w = worst(compact)
+        counts = [*w["by_bucket"].values(), w["scattered"]]
+        xs = [k + (j - 0.5) * width for k in range(len(counts))]
+        color = COLORS["compute"] if compact else COLORS["reference"]
+        ax.bar(xs, counts, width=width * 0.95, color=color)
+        for x, n in zip(xs, counts, strict=True):
+            ax.text(x, n + 0.5, str(n), ha="center", fontsize=8.5)
+        ax.text(0.02, 0.95 - 0.08 * j, f"{'persistent' if compact else 'free rows'}: "
+                f"{w['replayed']} of {w['steps']} replayed, {w['padded']} pad rows",
+                transform=ax.transAxes, fontsize=8.5, color=color)
+    buckets = list(worst(False)["by_bucket"])
+    ax.set_xticks(range(len(buckets) + 1), [*map(str, buckets), "none\n(eager)"])
+    ax.set_xlabel("window the step replayed")
+    ax.set_ylabel("decode steps")
+    ax.set_ylim(0, 44)
+    ax.set_title("Worst shape through Day 57's windows (2-core CPU, eager replay)", loc="left",
+                 fontsize=11)
+    save(fig, __file__, "windows")
+
+
 if __name__ == "__main__":
     rows_figure(trace("free"), trace("persistent"))
     coverage_figure()
+    windows_figure()
