@@ -40,9 +40,9 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## 1. The library
 #
-# `load()` builds the ops the first time a machine asks for them (about forty seconds here)
-# and afterwards finds the library by a key over its sources, flags, torch version and CPU
-# model. It returns `None` when `torch.ops.nanoserve` is ready, or the reason it is not.
+# `load()` builds the ops the first time a machine asks for them (the cell prints how long that
+# took) and afterwards finds the library by a key over its sources, flags, torch version and
+# CPU. It returns `None` when `torch.ops.nanoserve` is ready, or the reason it is not.
 
 # %%
 t0 = time.perf_counter()
@@ -54,7 +54,7 @@ print("library:", csrc.build_dir() / f"nanoserve_ops_{csrc.build_key()}")
 print("CPU:", csrc.cpu_model())
 HAVE_OPS = why is None
 if HAVE_OPS:
-    print("small-M kernel (AVX512-BF16) compiled in:",
+    print("small-M kernel (AVX512-BF16, or AVX2 with FMA) compiled in:",
           torch.ops.nanoserve.small_gemm_available())
 
 # %% [markdown]
@@ -125,8 +125,9 @@ else:
 # %% [markdown]
 # Which ops those are: the most called, kernels off and on. The norms' `pow`, `mean`, `rsqrt`
 # and casts, and RoPE's `cat`, `neg` and `chunk`, are gone. In their place is one `nanoserve::`
-# call per norm, per RoPE with its cache write, and per activation. What is left is mostly
-# views and the gathered read's own ops.
+# call per norm, per RoPE with its cache write and per activation, and `nanoserve::small_gemm`
+# for the matmul shapes this machine gave the small-M kernel. What is left is mostly views and
+# the gathered read's own ops.
 
 # %%
 if HAVE_OPS:
@@ -183,7 +184,7 @@ for key, row in sorted(mine.items()):
 if not mine:
     print("no choices measured on this machine yet (an LLM with kernels on measures them)")
 
-why_small = claims.small_gemm_missing() or claims.bf16_decode_missing()
+why_small = claims.bf16_onednn_missing()
 if why_small is None:
     for rows in (1, 2, 4, 8):
         print(f"o_proj 576 -> 576, {rows} row(s): oneDNN / small = "
