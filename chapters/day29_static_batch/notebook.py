@@ -10,7 +10,7 @@
 # On a CPU, in well under a minute, with the live `nanoserve.LLM` and the shipped
 # nanoserve-tiny model:
 #
-# 1. the original author's shape (eight requests, 5-token prompts, seven want 4 tokens and one
+# 1. the chapter's shape (eight requests, 5-token prompts, seven want 4 tokens and one
 #    wants 32, block_size 4) run as one static batch, with the engine's counters;
 # 2. each request's finish iteration and timestamps, and the head-of-line inflation;
 # 3. the three ways of counting the same run (ours, and the two the lab log quotes);
