@@ -50,7 +50,7 @@ def model_bytes(cfg: dict, rows: int, dtype: str = "float32", tp: int = 2) -> di
 # %% [markdown]
 # ## 1. The cost model
 #
-# `step_bytes` needs four numbers from `config.json` (layers, hidden size, vocabulary) and
+# `step_bytes` needs three numbers from `config.json` (layers, hidden size, vocabulary) and
 # two from the engine (rows, ranks), plus the activation dtype. The table gives bytes per decode
 # step at `-tp 2`. All-reduce is the total of the 2L + 1 calls; gather is rank 0's (rows,
 # ceil(V/2)) float32 shard, the input tensor that `CommStats` counts.
