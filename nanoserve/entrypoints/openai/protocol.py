@@ -4,7 +4,7 @@ Why this module exists: the HTTP layer should not hand-check fields. Each reques
 validated once against these models, strictly (``"max_tokens": "10"`` and ``"n": true`` are
 errors, not guesses), and a failure names the field so the client hears ``param="max_tokens"``.
 Fields that no API defines are ignored, as vLLM does; fields OpenAI defines that this engine
-cannot honour (tools, structured output, logit bias, ...) are listed in ``UNSUPPORTED`` with the
+cannot honour (tools, logit bias, a suffix, ...) are listed in ``UNSUPPORTED`` with the
 value that means "off", so sending them switched off is fine and switching them on is a 400.
 
 The response models mirror OpenAI's objects field for field, plus vLLM's extensions
