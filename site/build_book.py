@@ -296,12 +296,12 @@ def since_then_page(part: str, chapters: list[Chapter]) -> str | None:
 def write_looking_back() -> str:
     """The closing chapter, chapters/looking_back/README.md, after the last part: not a day, so
     it has no claims of its own; its numbers are the days' it names."""
-    page_dir = DOCS / "chapters" / "looking-back"
+    page_dir = DOCS / "chapters" / "looking_back"
     page_dir.mkdir(parents=True, exist_ok=True)
     last = Chapter(ROOT / "chapters" / "looking_back", 10**6, "Looking back")
     text = (last.path / "README.md").read_text()
     (page_dir / "index.md").write_text(rewrite_links(last, text, page_dir, False))
-    return "chapters/looking-back/index.md"
+    return "chapters/looking_back/index.md"
 
 
 def write_home(chapters: list[Chapter], extra: dict[str, str | None]) -> None:
