@@ -76,9 +76,12 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     ``tensor_parallel_size`` > 1, on every rank from the same decisions (``tp/``)."""
     attention_selector.prepare_process(cfg.attention)  # Triton's mode, before the model build
     mc = ModelConfig.from_dir(cfg.model)
-    model_class(mc)  # an architecture nobody serves is refused before anything is read
+    family = model_class(mc)  # an architecture nobody serves is refused before any read
     max_model_len = cfg.resolve_max_model_len(mc.max_position_embeddings)
     tp = cfg.tensor_parallel_size
+    if tp > 1 and not family.tensor_parallel:
+        raise ValueError(f"tensor_parallel_size={tp}: tensor parallelism builds Llama's layers "
+                         f"only, not {family.__name__}'s ({', '.join(mc.architectures)})")
     if tp > 1:  # a shape that cannot be split is refused before a worker starts
         from nanoserve.tp.shard import ShardPlan
 
@@ -95,6 +98,8 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     prepacked, prepack_why = resolve_prepack(cfg.prepack, device, dtype, cfg.compile,
                                              (mc.hidden_size, mc.intermediate_size))
     kernels, kernels_why = resolve_kernels(cfg.kernels, device, dtype)
+    if kernels and family.fused_problem:
+        kernels_why += f"; {family.__name__}'s layers run in PyTorch ({family.fused_problem})"
     small_gemm = kernels and may_small  # small_gemm.choose times each shape, or refuses it
     if small_gemm and not prepacked:
         prepack_why += "; small-M copies where they beat F.linear"

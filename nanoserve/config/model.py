@@ -119,7 +119,9 @@ class ModelConfig:
             torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
             architectures=tuple(d.get("architectures") or ()),
             model_type=d.get("model_type"),
-            sliding_window=d.get("sliding_window"),
+            # Qwen2 and Qwen3 write a window size and switch it off with use_sliding_window
+            sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True)
+            else None,
             attn_logit_softcapping=d.get("attn_logit_softcapping"),
             extra=d,
         )

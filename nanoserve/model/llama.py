@@ -17,6 +17,7 @@ E hidden size, V vocab.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -37,21 +38,39 @@ class AttentionContext(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class LayerShape:
+    """Where a family's decoder layer differs from Llama's: which linears carry a bias, and
+    whether q and k pass through an RMSNorm per head (over D) before RoPE (Qwen3)."""
+
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool = False
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, shape: LayerShape):
         super().__init__()
         self.layer = layer
         self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size,
-                               bias=cfg.attention_bias, parallel="column")
-        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=cfg.attention_bias, parallel="row")
+                               bias=shape.qkv_bias, parallel="column")
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=shape.o_bias, parallel="row")
+        if shape.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = shape.qk_norm
 
     def forward(self, x, cos, sin, positions, backend: AttentionContext):
         B, T, _ = x.shape  # (B, T, E)
         q, k, v = self.qkv_proj(x).split([self.hq * self.d, self.hkv * self.d,
                                           self.hkv * self.d], dim=-1)
-        q = q.view(B, T, self.hq, self.d).transpose(1, 2)  # (B, Hq, T, D)
-        k = k.view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
+        q = q.view(B, T, self.hq, self.d)  # (B, T, Hq, D)
+        k = k.view(B, T, self.hkv, self.d)  # (B, T, Hkv, D)
+        if self.qk_norm:  # each head's q and k normalised over D, before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, Hq, T, D), (B, Hkv, T, D)
         v = v.view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = backend.attend(self.layer, q, k, v, positions)
@@ -59,12 +78,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, bias: bool):
         super().__init__()
         self.i = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.i, bias=cfg.mlp_bias,
-                                   parallel="column")
-        self.down_proj = Linear(self.i, cfg.hidden_size, bias=cfg.mlp_bias, parallel="row")
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.i, bias=bias, parallel="column")
+        self.down_proj = Linear(self.i, cfg.hidden_size, bias=bias, parallel="row")
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.i, dim=-1)  # (B, T, I) each
@@ -72,12 +90,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, shape: LayerShape):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = Attention(cfg, layer, shape)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, shape.mlp_bias)
 
     def forward(self, x, cos, sin, positions, backend):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, backend)
@@ -92,12 +110,29 @@ class Llama(nn.Module):
     """
 
     model_type = "llama"  # the config.json model_type this family reads
+    # What the C++ forward (cpu/fused.py) cannot compute for this family, or None: where it is
+    # set, the ops still read attention and run the linears, but the layers run here.
+    fused_problem: str | None = None
+    tensor_parallel = True  # whether tp/ builds this family (TPLlama is a Llama)
+
+    @classmethod
+    def check_config(cls, cfg: ModelConfig) -> None:
+        """Refuse (``ValueError`` naming the key and its value) what this family reads from
+        ``config.json`` and cannot honour; Llama's keys are all read by ``ModelConfig``."""
+
+    @classmethod
+    def layer_shape(cls, cfg: ModelConfig) -> LayerShape:
+        """The biases and norms of this family's layers, as its config sets them."""
+        return LayerShape(qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias,
+                          mlp_bias=cfg.mlp_bias)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        shape = self.layer_shape(cfg)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, shape)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         tied = cfg.tie_word_embeddings  # its weight is the embedding's: nothing to initialise
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False,

@@ -19,9 +19,10 @@ from nanoserve.layers.linear_methods import prepack_model
 def prepare_model(model: nn.Module, prepack: bool, small_gemm: bool, kernels: bool) -> None:
     """``prepack``: oneDNN's packed weights; ``small_gemm``: the small-M kernel where it was
     timed faster; ``kernels``: the forward through the C++ ops, its decode layer loop as one op
-    where every linear has a small-M copy."""
+    where every linear has a small-M copy; a family the C++ forward cannot compute
+    (``fused_problem``) keeps its own layers (PyTorch), over the same ops' attention."""
     if prepack or small_gemm:
         prepack_model(model, small_gemm=small_gemm, onednn=prepack)
-    if kernels:
+    if kernels and getattr(model, "fused_problem", None) is None:
         model.fused_forward = fused_forward
         model.decode_layer_weights = layer_weights(model)

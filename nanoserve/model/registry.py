@@ -21,13 +21,22 @@ from nanoserve.config.registries import load_class
 
 MODEL_FAMILIES = {  # a config's architectures entry -> the family's "module:Class"
     "LlamaForCausalLM": "nanoserve.model.llama:Llama",  # Llama 3.x, SmolLM2, TinyLlama, ours
+    "Qwen2ForCausalLM": "nanoserve.model.qwen2:Qwen2",  # Qwen2, Qwen2.5: biased q, k, v
+    "Qwen3ForCausalLM": "nanoserve.model.qwen3:Qwen3",  # Qwen3 dense: per-head q/k norms
 }
 
 
 def model_class(cfg: ModelConfig) -> type:
     """The class that serves ``cfg``: its first registered architecture, or a family whose
     ``model_type`` it names where the config lists no architecture; else a ``ValueError``
-    naming what is supported."""
+    naming what is supported. The family then checks the keys only it reads
+    (``check_config``): what it cannot honour is refused here, before a weight is read."""
+    cls = _find(cfg)
+    cls.check_config(cfg)
+    return cls
+
+
+def _find(cfg: ModelConfig) -> type:
     for arch in cfg.architectures:
         if arch in MODEL_FAMILIES:
             return load_class(MODEL_FAMILIES[arch])

@@ -35,7 +35,9 @@ FUSED = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
-
+# per-layer tensors only some families have (biases; Qwen3's per-head q/k norms)
+OPTIONAL = ("self_attn.o_proj.bias", "mlp.down_proj.bias", "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight")
 
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of native bf16 matmuls
 
@@ -174,9 +176,9 @@ def hf_to_nanoserve(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, 
                 out[f"{q}{fused}.{suffix}"] = torch.cat([take(n) for n in names], dim=0)
         for plain in ("self_attn.o_proj.weight", "mlp.down_proj.weight",
                       "input_layernorm.weight", "post_attention_layernorm.weight",
-                      "self_attn.o_proj.bias", "mlp.down_proj.bias"):
-            if plain.endswith("bias") and p + plain not in hf:
-                continue
+                      *OPTIONAL):
+            if plain in OPTIONAL and p + plain not in hf:
+                continue  # the model's own parameters say whether it was due (assign_weights)
             out[q + plain] = take(p + plain)
     extra = sorted(set(hf) - used)
     if extra:

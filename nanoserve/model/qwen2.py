@@ -1,0 +1,68 @@
+"""Qwen2 (and Qwen2.5): Llama's layers with a bias on the q, k and v projections, none on o.
+
+Why this module exists: a ``Qwen2ForCausalLM`` checkpoint computes Llama's forward but for those
+three biases, so this family is Llama's classes with another ``LayerShape``, not a copy of them.
+Its config turns biases on by architecture, not by key: Qwen2's ``attention_bias`` and
+``mlp_bias`` are not read by transformers, so they are not read here either.
+
+Sliding windows are not served yet: where ``use_sliding_window`` is true and some layer would be
+windowed (per ``layer_types``, or every layer from ``max_window_layers`` on), the checkpoint is
+refused with the key and its value rather than served with full attention.
+
+>>> from nanoserve.config import ModelConfig
+>>> cfg = ModelConfig.from_dict({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 32,
+...     "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+...     "num_attention_heads": 4, "use_sliding_window": True, "sliding_window": 8,
+...     "max_window_layers": 1})
+>>> Qwen2.check_config(cfg)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+ValueError: config.json: use_sliding_window=True with sliding_window=8 windows layers [1] ...
+"""
+
+from __future__ import annotations
+
+from nanoserve.config import ModelConfig
+from nanoserve.model.llama import LayerShape, Llama
+
+LAYER_TYPES = ("full_attention", "sliding_attention")  # what a layer_types entry may say
+
+
+def windowed_layers(cfg: ModelConfig) -> tuple[list[int], str]:
+    """The layers transformers' Qwen2/Qwen3 window, and the key that says so."""
+    d = cfg.extra
+    if not d.get("use_sliding_window", False) or d.get("sliding_window") is None:
+        return [], ""
+    types = d.get("layer_types")
+    if types is not None:
+        unknown = sorted(set(types) - set(LAYER_TYPES))
+        if unknown:
+            raise ValueError(f"config.json: layer_types={types!r} names {unknown}; nanoserve "
+                             f"reads full_attention and sliding_attention")
+        windowed = LAYER_TYPES[1]
+        return [i for i, t in enumerate(types) if t == windowed], \
+            f"layer_types={types!r}"
+    first = d.get("max_window_layers", 28)  # transformers' default
+    return list(range(first, cfg.num_hidden_layers)), f"max_window_layers={first}"
+
+
+def refuse_sliding_windows(cfg: ModelConfig) -> None:
+    """A ``ValueError`` naming the keys where some layer would attend through a window."""
+    layers, why = windowed_layers(cfg)
+    if layers:
+        raise ValueError(f"config.json: use_sliding_window=True with sliding_window="
+                         f"{cfg.extra['sliding_window']} windows layers {layers} ({why}); "
+                         f"nanoserve does not serve sliding windows yet")
+
+
+class Qwen2(Llama):
+    model_type = "qwen2"
+    tensor_parallel = False  # tp/ builds Llama's layer shape only
+
+    @classmethod
+    def check_config(cls, cfg: ModelConfig) -> None:
+        refuse_sliding_windows(cfg)
+
+    @classmethod
+    def layer_shape(cls, cfg: ModelConfig) -> LayerShape:
+        return LayerShape(qkv_bias=True, o_bias=False, mlp_bias=False)
