@@ -1,10 +1,10 @@
 """Reference checkpoints for tests and chapters, written by transformers itself.
 
 Why this module exists: no model hub is reachable here, so correctness is checked on small random
-Llama checkpoints that transformers creates and saves with ``save_pretrained``, in the exact
-folder layout of a published model. nanoserve loads the folder; transformers' own
-``LlamaForCausalLM`` loads the same folder; the two are compared. Because transformers wrote the
-files and computes the reference, the check does not rest on anything nanoserve wrote.
+checkpoints (Llama, Qwen2, Qwen3) that transformers creates and saves with ``save_pretrained``,
+in the exact folder layout of a published model. nanoserve loads the folder; transformers' own
+class for that family loads the same folder; the two are compared. Because transformers wrote
+the files and computes the reference, the check does not rest on anything nanoserve wrote.
 
 Needs the ``test`` extra (transformers); the engine itself never imports this module.
 """
@@ -39,28 +39,38 @@ BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_la
             bos_token_id=0, eos_token_id=255, tie_word_embeddings=False)
 
 
-def write_hf_checkpoint(path: str | Path, name: str = "gqa", seed: int = 0,
-                        max_shard_size: str | None = None, **overrides) -> Path:
-    """Create a random ``LlamaForCausalLM`` with transformers and ``save_pretrained`` it."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+# family -> transformers' (config class, model class) that write its checkpoints
+FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
 
+
+def write_hf_checkpoint(path: str | Path, name: str = "gqa", seed: int = 0,
+                        max_shard_size: str | None = None, family: str = "llama",
+                        **overrides) -> Path:
+    """Create a random ``<Family>ForCausalLM`` with transformers and ``save_pretrained`` it."""
+    import transformers
+
+    config_class, model_class = (getattr(transformers, n) for n in FAMILIES[family])
     torch.manual_seed(seed)
-    cfg = LlamaConfig(**{**BASE, **CONFIGS[name], **overrides})
-    model = LlamaForCausalLM(cfg)
-    if cfg.attention_bias or cfg.mlp_bias:  # HF zero-inits biases; make them matter
-        for n, p in model.named_parameters():
-            if n.endswith("bias"):
-                torch.nn.init.normal_(p, std=0.1)
+    cfg = config_class(**{**BASE, **CONFIGS[name], **overrides})
+    model = model_class(cfg)
+    for n, p in model.named_parameters():  # HF zero-inits biases; make them matter
+        if n.endswith("bias"):
+            torch.nn.init.normal_(p, std=0.1)
+        elif family != "llama" and n.endswith("norm.weight"):  # and ones its norms' weights
+            torch.nn.init.normal_(p, mean=1.0, std=0.1)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **kwargs)
     return Path(path)
 
 
 def load_hf_model(path: str | Path):
-    """transformers' own Llama on the same folder, fp32, eval mode."""
-    from transformers import LlamaForCausalLM
+    """transformers' own model (the class its config.json names) on the same folder, fp32,
+    eval mode."""
+    from transformers import AutoModelForCausalLM
 
-    return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def relative_logit_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
