@@ -1,10 +1,10 @@
 """Reference checkpoints for tests and chapters, written by transformers itself.
 
 Why this module exists: no model hub is reachable here, so correctness is checked on small random
-checkpoints (Llama, Qwen2, Qwen3) that transformers creates and saves with ``save_pretrained``,
-in the exact folder layout of a published model. nanoserve loads the folder; transformers' own
-class for that family loads the same folder; the two are compared. Because transformers wrote
-the files and computes the reference, the check does not rest on anything nanoserve wrote.
+checkpoints (Llama, Qwen2, Qwen3, Mistral) that transformers creates and saves with
+``save_pretrained``, in the exact folder layout of a published model. nanoserve loads the folder;
+transformers' own class for that family loads the same folder; the two are compared. Because
+transformers wrote the files and computes the reference, the check does not rest on anything nanoserve wrote.
 
 Needs the ``test`` extra (transformers); the engine itself never imports this module.
 """
@@ -42,7 +42,8 @@ BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_la
 # family -> transformers' (config class, model class) that write its checkpoints
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
+            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+            "mistral": ("MistralConfig", "MistralForCausalLM")}
 
 
 def write_hf_checkpoint(path: str | Path, name: str = "gqa", seed: int = 0,
@@ -58,7 +59,8 @@ def write_hf_checkpoint(path: str | Path, name: str = "gqa", seed: int = 0,
     for n, p in model.named_parameters():  # HF zero-inits biases; make them matter
         if n.endswith("bias"):
             torch.nn.init.normal_(p, std=0.1)
-        elif family != "llama" and n.endswith("norm.weight"):  # and ones its norms' weights
+        elif family not in ("llama", "mistral") and n.endswith("norm.weight"):
+            # and ones its norms' weights (Qwen's per-head q/k norms)
             torch.nn.init.normal_(p, mean=1.0, std=0.1)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **kwargs)

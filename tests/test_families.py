@@ -132,8 +132,8 @@ def test_a_windowed_checkpoint_is_refused_at_load(case, tmp_path):
 
 def test_other_architectures_are_refused_with_the_list(case):
     with pytest.raises(ValueError, match=r"Qwen2 \(Qwen2ForCausalLM\), Qwen3 \(Qwen3ForCausalLM"):
-        model_class(_config(case("qwen2-gqa"), architectures=["MistralForCausalLM"],
-                            model_type="mistral"))
+        model_class(_config(case("qwen2-gqa"), architectures=["GemmaForCausalLM"],
+                            model_type="gemma"))
 
 
 @pytest.mark.parametrize("cid", ["qwen2-gqa", "qwen3-head_dim"])

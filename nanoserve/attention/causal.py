@@ -17,16 +17,20 @@ import torch.nn.functional as F
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     q_offset: int = 0) -> torch.Tensor:
+                     q_offset: int = 0, window: int | None = None) -> torch.Tensor:
     """q (B, Hq, T, D) at absolute positions q_offset..q_offset+T-1 over k/v (B, Hkv, S, D).
 
-    Query i sees keys 0..q_offset+i. Grouped-query heads share their KV head.
+    Query i sees keys 0..q_offset+i, and with a ``window`` only those after
+    q_offset+i-window. Grouped-query heads share their KV head.
     """
     T, S = q.shape[2], k.shape[2]
-    if q_offset == 0 and T == S:
+    if q_offset == 0 and T == S and window is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    mask = torch.arange(S, device=q.device)[None, :] <= (
-        q_offset + torch.arange(T, device=q.device)[:, None])  # (T, S)
+    j, i = torch.arange(S, device=q.device)[None, :], \
+        q_offset + torch.arange(T, device=q.device)[:, None]
+    mask = j <= i  # (T, S)
+    if window is not None:
+        mask &= j > i - window
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
@@ -47,9 +51,13 @@ def packed_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 class CausalAttention:
-    """No cache: every query attends causally to the new tokens of its own forward (Day 4)."""
+    """No cache: every query attends causally to the new tokens of its own forward (Day 4),
+    through layer ``l``'s sliding window ``windows[l]`` where one is given."""
+
+    def __init__(self, windows: tuple[int | None, ...] = ()):
+        self.windows = windows
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
         """q (B, Hq, T, D), k/v (B, Hkv, T, D) -> (B, Hq, T, D); nothing kept."""
-        return causal_attention(q, k, v)
+        return causal_attention(q, k, v, window=self.windows[layer] if self.windows else None)

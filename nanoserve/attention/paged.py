@@ -49,7 +49,8 @@ class BatchedPagedKVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int,
                  block_size: int, max_num_seqs: int, max_model_len: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 attention: str = "reference"):
+                 attention: str = "reference",
+                 windows: tuple[int | None, ...] = ()):
         cells = num_blocks * block_size
         self.k = torch.zeros(num_layers, cells, num_kv_heads, head_dim, dtype=dtype,
                              device=device)  # (L, cells, Hkv, D)
@@ -62,6 +63,11 @@ class BatchedPagedKVCache:
         self.lengths = [0] * max_num_seqs  # tokens cached per row
         self.device = torch.device(device)
         self._step: StepLayout | None = None
+        self.windows = tuple(windows)  # each layer's sliding window, None: full attention
+        widest = max((w for w in self.windows if w is not None), default=None)
+        if widest is not None and not backend_class(attention).sliding_window:
+            raise ValueError(f"attention={attention!r} does not read a sliding window "
+                             f"(of {widest} tokens here); attention='reference' does")
         self.backend = backend_class(attention)(self)  # refuses now, not mid-step
 
     @classmethod
@@ -69,7 +75,8 @@ class BatchedPagedKVCache:
                   max_model_len: int, attention: str = "reference") -> BatchedPagedKVCache:
         cfg, w = model.cfg, model.embed_tokens.weight
         return cls(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, num_blocks,
-                   block_size, max_num_seqs, max_model_len, w.dtype, w.device, attention)
+                   block_size, max_num_seqs, max_model_len, w.dtype, w.device, attention,
+                   getattr(model, "windows", ()))
 
     @property
     def attention(self) -> str:

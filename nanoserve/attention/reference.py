@@ -22,7 +22,8 @@ import torch.nn.functional as F
 def paged_attention_batched_reference(q: torch.Tensor, k_pool: torch.Tensor,
                                       v_pool: torch.Tensor, read_cells: torch.Tensor,
                                       q_positions: torch.Tensor,
-                                      context_lens: torch.Tensor) -> torch.Tensor:
+                                      context_lens: torch.Tensor,
+                                      window: int | None = None) -> torch.Tensor:
     """Attention for B rows over their paged contexts.
 
     q            (B, Hq, T, D)   queries of the new tokens (padding rows/columns allowed)
@@ -30,6 +31,9 @@ def paged_attention_batched_reference(q: torch.Tensor, k_pool: torch.Tensor,
     read_cells   (B, S)          pool cell of each context position, -1 past the row's end
     q_positions  (B, T)          absolute position of each query (its causal horizon)
     context_lens (B,)            tokens in each row's context
+    window       a query at position i sees keys j with i - window < j <= i (None: all j <= i),
+                 transformers' sliding-window mask; positions are absolute, so a chunk or a
+                 decode step reads the same window as a whole prompt would
     returns      (B, Hq, T, D)
     """
     S = read_cells.shape[1]
@@ -39,5 +43,7 @@ def paged_attention_batched_reference(q: torch.Tensor, k_pool: torch.Tensor,
     j = torch.arange(S, device=q.device)
     mask = (j[None, None, :] <= q_positions[:, :, None]) & \
         (j[None, None, :] < context_lens[:, None, None])  # (B, T, S)
+    if window is not None:
+        mask &= j[None, None, :] > q_positions[:, :, None] - window
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None],
                                           enable_gqa=True)

@@ -126,6 +126,12 @@ class Llama(nn.Module):
         return LayerShape(qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias,
                           mlp_bias=cfg.mlp_bias)
 
+    @classmethod
+    def layer_windows(cls, cfg: ModelConfig) -> tuple[int | None, ...]:
+        """Each layer's sliding window (a key j is seen from position i iff i - w < j <= i),
+        None for full attention: ``sliding_window`` on every layer where the config sets one."""
+        return (cfg.sliding_window,) * cfg.num_hidden_layers
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -139,7 +145,8 @@ class Llama(nn.Module):
                               device="meta" if tied else None)
         self.tie_weights()
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        self.causal = CausalAttention()  # the attention context when there is no cache
+        self.windows = self.layer_windows(cfg)  # each layer's sliding window, or None
+        self.causal = CausalAttention(self.windows)  # the attention context with no cache
         # What ``prepare_model`` settles at load (nanoserve/model/prepare.py), declared here:
         self.huge_pages = "weights not packed"  # where the small-M copies live (cpu/huge_pages)
         self.fused_forward = None  # the C++ forward (cpu/fused.py) where the ops are on

@@ -55,6 +55,13 @@ def refuse_sliding_windows(cfg: ModelConfig) -> None:
                          f"nanoserve does not serve sliding windows yet")
 
 
+def qwen_layer_windows(cfg: ModelConfig) -> tuple[int | None, ...]:
+    """Each layer's window: ``sliding_window`` on the layers ``windowed_layers`` names."""
+    windowed = set(windowed_layers(cfg)[0])
+    return tuple(cfg.extra["sliding_window"] if i in windowed else None
+                 for i in range(cfg.num_hidden_layers))
+
+
 class Qwen2(Llama):
     model_type = "qwen2"
     tensor_parallel = False  # tp/ builds Llama's layer shape only
@@ -62,6 +69,12 @@ class Qwen2(Llama):
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
         refuse_sliding_windows(cfg)
+
+    @classmethod
+    def layer_windows(cls, cfg: ModelConfig) -> tuple[int | None, ...]:
+        """A window only on the layers transformers windows (none, once ``check_config``
+        has passed), not every layer as ``sliding_window`` alone would say."""
+        return qwen_layer_windows(cfg)
 
     @classmethod
     def layer_shape(cls, cfg: ModelConfig) -> LayerShape:

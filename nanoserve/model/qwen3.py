@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from nanoserve.config import ModelConfig
 from nanoserve.model.llama import LayerShape, Llama
-from nanoserve.model.qwen2 import refuse_sliding_windows
+from nanoserve.model.qwen2 import qwen_layer_windows, refuse_sliding_windows
 
 
 class Qwen3(Llama):
@@ -26,6 +26,10 @@ class Qwen3(Llama):
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
         refuse_sliding_windows(cfg)
+
+    @classmethod
+    def layer_windows(cls, cfg: ModelConfig) -> tuple[int | None, ...]:
+        return qwen_layer_windows(cfg)
 
     @classmethod
     def layer_shape(cls, cfg: ModelConfig) -> LayerShape:

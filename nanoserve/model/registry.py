@@ -23,6 +23,7 @@ MODEL_FAMILIES = {  # a config's architectures entry -> the family's "module:Cla
     "LlamaForCausalLM": "nanoserve.model.llama:Llama",  # Llama 3.x, SmolLM2, TinyLlama, ours
     "Qwen2ForCausalLM": "nanoserve.model.qwen2:Qwen2",  # Qwen2, Qwen2.5: biased q, k, v
     "Qwen3ForCausalLM": "nanoserve.model.qwen3:Qwen3",  # Qwen3 dense: per-head q/k norms
+    "MistralForCausalLM": "nanoserve.model.mistral:Mistral",  # Llama, every layer windowed
 }
 
 

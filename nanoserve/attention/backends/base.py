@@ -80,6 +80,9 @@ class AttentionBackend:
 
     def __init__(self, cache: BatchedPagedKVCache):
         self.cache = cache
+        # each layer's sliding window (None: full attention); ``read`` sets ``window``
+        self.windows: tuple[int | None, ...] = tuple(getattr(cache, "windows", ()) or ())
+        self.window: int | None = None
 
     # ------------------------------------------------------------------ what it serves
 
@@ -153,11 +156,12 @@ class AttentionBackend:
              positions: torch.Tensor, step: StepLayout) -> torch.Tensor:
         """q (B, Hq, T, D), k/v (B, Hkv, T, D) already written -> (B, Hq, T, D)."""
         kp, vp = self.cache.k[layer], self.cache.v[layer]  # (cells, Hkv, D)
+        self.window = self.windows[layer] if self.windows else None
         if step.kind == "decode":
             return self.decode(q, kp, vp, positions, step)
         if step.kind == "padded":
             return paged_attention_batched_reference(q, kp, vp, step.read_cells, positions,
-                                                     step.context_lens)
+                                                     step.context_lens, self.window)
         if step.read_cells is None:  # every prompt starts at 0: its keys are the new ones
             return self.prompts(q, k, v, kp, vp, step, 0, len(step.packed_lens), 0)
         return self.mixed(q, k, v, kp, vp, positions, step)
@@ -165,12 +169,15 @@ class AttentionBackend:
     def decode(self, q, kp, vp, positions, step: StepLayout) -> torch.Tensor:
         """One token per row, q (B, Hq, 1, D): Day 28's (B, S) rectangle."""
         return paged_attention_batched_reference(q, kp, vp, step.read_cells, positions,
-                                                 step.context_lens)
+                                                 step.context_lens, self.window)
 
     def prompts(self, q, k, v, kp, vp, step: StepLayout, b: int, e: int,
                 s: int) -> torch.Tensor:
         """Fresh prompts ``b .. e-1`` of a packed step, tokens ``s ..`` of its stream, each
         attending to itself: q (1, Hq, n, D) over their own new k/v (1, Hkv, n, D)."""
+        if self.window is not None:
+            raise ValueError(f"attention={self.name!r}: packed prompts do not read a sliding "
+                             f"window of {self.window} tokens")
         return packed_prefill_attention(q, k, v, step.packed_lens[b:e])
 
     def rows(self, qd, kp, vp, positions, step: StepLayout, b: int, e: int) -> torch.Tensor:
@@ -178,13 +185,14 @@ class AttentionBackend:
         qd (m, Hq, 1, D), positions (m, 1) -> (m, Hq, 1, D), one batched read."""
         ctx = max(step.ctx[b:e])
         return paged_attention_batched_reference(qd, kp, vp, step.read_cells[b:e, :ctx],
-                                                 positions, step.context_lens[b:e])
+                                                 positions, step.context_lens[b:e], self.window)
 
     def chunk(self, q, kp, vp, positions, step: StepLayout, b: int, s: int) -> torch.Tensor:
         """Row ``b``'s continued chunk (a later part of a long prompt, or a prompt after a
         prefix hit): its new queries q (1, Hq, n, D) over everything its row holds."""
         return paged_attention_batched_reference(q, kp, vp, step.read_cells[b:b + 1, :step.ctx[b]],
-                                                 positions, step.context_lens[b:b + 1])
+                                                 positions, step.context_lens[b:b + 1],
+                                                self.window)
 
     def mixed(self, q, k, v, kp, vp, positions, step: StepLayout) -> torch.Tensor:
         """A packed stream whose rows do not all start empty (Day 41): runs of fresh prompts
@@ -219,4 +227,7 @@ class AttentionBackend:
                     gathered: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """A graph window's decode read over its static buffers: q (b, Hq, 1, D), the first
         ``b`` rows of the slot table (b, L) -> (b, Hq, 1, D)."""
+        if any(w is not None for w in self.windows):
+            raise ValueError(f"attention={self.name!r}: CUDA graph windows do not read a "
+                             f"sliding window of {max(w or 0 for w in self.windows)} tokens")
         return paged_attention_batched_reference(q, kp, vp, slot_cells, positions, context_lens)

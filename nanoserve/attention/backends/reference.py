@@ -2,7 +2,9 @@
 
 Why this module exists: it is the read every other backend is tested against, end to end. It
 takes no shortcut: a fresh prompt reads its own K/V back through the pool, as a continued chunk
-does, and a decode step gathers every row at the width of the longest.
+does, and a decode step gathers every row at the width of the longest. It is the one backend
+that reads a per-layer sliding window (Mistral): every read masks by absolute position, so a
+decode step or a later chunk of a long prompt sees the same window as the whole prompt would.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ class ReferenceBackend(AttentionBackend):
     name = "reference"
     reads: ClassVar[tuple[str, ...]] = ("decode", "prefill")
     packs_fresh_prompts: ClassVar[bool] = False  # every row reads the pool, prompts too
+    sliding_window: ClassVar[bool] = True  # every read is the masked rectangle, by position
 
     @classmethod
     def workspace_bytes(cls, context_lens, num_q_heads, num_kv_heads, head_dim, dtype_bytes,

@@ -1,0 +1,103 @@
+"""Mistral's sliding window against transformers, on checkpoints MistralForCausalLM wrote.
+
+A window of 4 tokens is shorter than every prompt but one, so most queries see only part of
+their prefix. The plain path (``attention="reference"``, ``kernels=False``) is held against
+transformers' greedy tokens and logits: whole prompts, chunked prefill (chunks of 8 tokens cross
+the window's edge) and the uncached forward. The same checkpoint with its window removed gives
+other logits, so a path that ignored the window would fail. Other backends refuse the window.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from nanoserve import LLM, SamplingParams
+from nanoserve.testing import greedy_logits, load_hf_model
+
+WINDOW = 4
+KW = dict(dtype="float32", skip_tokenizer_init=True, attention="reference", kernels=False)
+PATHS = {"whole": {}, "chunked": {"max_num_batched_tokens": 8, "max_num_seqs": 4},
+         "uncached": {"enable_kv_cache": False}}
+PROMPTS = [[5, 17, 3, 99, 42], [200, 7, 7, 1, 64, 80, 31, 12, 9, 150, 4, 77], [11, 22, 33]]
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def windowed(hf_checkpoint):
+    return hf_checkpoint("gqa", family="mistral", sliding_window=WINDOW)
+
+
+@pytest.fixture(scope="module")
+def unwindowed(windowed, tmp_path_factory):
+    """The same weights, ``sliding_window: null``: full causal attention."""
+    path = tmp_path_factory.mktemp("mistral-full")
+    for f in windowed.iterdir():
+        (path / f.name).write_bytes(f.read_bytes())
+    d = json.loads((windowed / "config.json").read_text())
+    d["sliding_window"] = None
+    (path / "config.json").write_text(json.dumps(d))
+    return path
+
+
+def transformers_greedy(path):
+    ref, out = load_hf_model(path), []
+    ref.generation_config.eos_token_id = None
+    for p in PROMPTS:
+        with torch.no_grad():
+            g = ref.generate(torch.tensor([p]), max_new_tokens=STEPS, do_sample=False,
+                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        out.append((g.sequences[0, len(p):].tolist(), [lg[0].float() for lg in g.logits]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected(windowed):
+    return transformers_greedy(windowed)
+
+
+def max_diff(a, b):
+    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
+
+
+def test_transformers_windows_the_prompt(windowed, unwindowed):
+    """The reference itself: the full-prompt logits of the windowed model differ from the
+    unwindowed one's, and transformers masks i - j < window (not <=)."""
+    a, b = load_hf_model(windowed), load_hf_model(unwindowed)
+    ids = torch.tensor([PROMPTS[1]])
+    with torch.no_grad():
+        la, lb = a(ids).logits[0], b(ids).logits[0]
+    assert (la[:WINDOW] - lb[:WINDOW]).abs().max() < 1e-5  # the window holds the whole prefix
+    assert (la[WINDOW:] - lb[WINDOW:]).abs().max(dim=-1).values.min() > 1e-4
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_tokens_and_logits_match_transformers(windowed, expected, path):
+    llm = LLM(str(windowed), **KW, **PATHS[path])
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=STEPS,
+                                                ignore_eos=True))
+    for p, out, (tokens, logits) in zip(PROMPTS, outs, expected, strict=True):
+        assert out.token_ids == tokens
+        if path == "uncached":
+            continue  # greedy_logits reads the engine's cache
+        ours = greedy_logits(llm, p, STEPS)  # prefill logits, then each decode's
+        diff = max_diff(ours, logits)
+        assert diff <= 1e-5, f"{path}: max |logit difference| {diff:.2e}"
+
+
+def test_the_window_is_not_ignored(windowed, unwindowed, expected):
+    full = transformers_greedy(unwindowed)
+    ours = LLM(str(unwindowed), **KW)
+    for p, (_, logits) in zip(PROMPTS, full, strict=True):  # our full path matches theirs
+        assert max_diff(greedy_logits(ours, p, STEPS), logits) <= 1e-5
+    llm = LLM(str(windowed), **KW)
+    ours = greedy_logits(llm, PROMPTS[1], STEPS)  # 12 tokens, a window of 4
+    assert (ours[0] - full[1][1][0]).abs().max().item() > 1e-3  # windowed prefill differs
+
+
+@pytest.mark.parametrize("attention", ["gathered", "cpu", "auto"])
+def test_other_backends_refuse_the_window(windowed, attention):
+    with pytest.raises(ValueError, match=rf"attention='\w+' .*sliding window of {WINDOW}"):
+        LLM(str(windowed), dtype="float32", skip_tokenizer_init=True, attention=attention)
