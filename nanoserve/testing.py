@@ -4,7 +4,8 @@ Why this module exists: no model hub is reachable here, so correctness is checke
 checkpoints (Llama, Qwen2, Qwen3, Mistral) that transformers creates and saves with
 ``save_pretrained``, in the exact folder layout of a published model. nanoserve loads the folder;
 transformers' own class for that family loads the same folder; the two are compared. Because
-transformers wrote the files and computes the reference, the check does not rest on anything nanoserve wrote.
+transformers wrote the files and computes the reference, the check does not rest on anything
+nanoserve wrote.
 
 Needs the ``test`` extra (transformers); the engine itself never imports this module.
 """
