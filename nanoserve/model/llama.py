@@ -118,7 +118,13 @@ class Llama(nn.Module):
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
         """Refuse (``ValueError`` naming the key and its value) what this family reads from
-        ``config.json`` and cannot honour; Llama's keys are all read by ``ModelConfig``."""
+        ``config.json`` and cannot honour. Llama's layers attend over the whole context
+        (transformers' Llama has no window and ignores the key), so a ``sliding_window`` on a
+        Llama checkpoint is refused rather than guessed at either way."""
+        if cfg.sliding_window is not None:
+            raise ValueError(f"config.json: sliding_window={cfg.sliding_window} on a Llama "
+                             "checkpoint: Llama's layers attend over the whole context; a "
+                             "windowed model is MistralForCausalLM")
 
     @classmethod
     def layer_shape(cls, cfg: ModelConfig) -> LayerShape:
@@ -129,8 +135,8 @@ class Llama(nn.Module):
     @classmethod
     def layer_windows(cls, cfg: ModelConfig) -> tuple[int | None, ...]:
         """Each layer's sliding window (a key j is seen from position i iff i - w < j <= i),
-        None for full attention: ``sliding_window`` on every layer where the config sets one."""
-        return (cfg.sliding_window,) * cfg.num_hidden_layers
+        None for full attention: every layer of a Llama attends over the whole context."""
+        return (None,) * cfg.num_hidden_layers
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -30,3 +30,8 @@ class Mistral(Llama):
         w = cfg.sliding_window
         if w is not None and (not isinstance(w, int) or w < 1):
             raise ValueError(f"config.json: sliding_window={w!r}; a positive int or null")
+
+    @classmethod
+    def layer_windows(cls, cfg: ModelConfig) -> tuple[int | None, ...]:
+        """``sliding_window`` on every layer (None, with ``sliding_window: null``, is Llama)."""
+        return (cfg.sliding_window,) * cfg.num_hidden_layers
