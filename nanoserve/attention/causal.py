@@ -35,15 +35,21 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def packed_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             seq_lens: list[int]) -> torch.Tensor:
+                             seq_lens: list[int], window: int | None = None) -> torch.Tensor:
     """Causal attention for prompts packed into one stream, each seeing only itself.
 
     q (1, Hq, N, D), k/v (1, Hkv, N, D), N = sum(seq_lens); every prompt starts at position 0,
     so its keys are the fresh ones and no pool read is needed. A loop over the prompts: the work
-    is sum(n^2), where a block-diagonal mask over the stream would be N^2.
+    is sum(n^2), where a block-diagonal mask over the stream would be N^2. With a ``window``
+    query i sees keys i - window < j <= i only (``causal_attention``).
     """
     out, s = torch.empty_like(q), 0
     for n in seq_lens:
+        if window is not None:
+            out[:, :, s:s + n] = causal_attention(q[:, :, s:s + n], k[:, :, s:s + n],
+                                                  v[:, :, s:s + n], window=window)
+            s += n
+            continue
         out[:, :, s:s + n] = F.scaled_dot_product_attention(
             q[:, :, s:s + n], k[:, :, s:s + n], v[:, :, s:s + n], is_causal=True, enable_gqa=True)
         s += n

@@ -31,6 +31,7 @@ from typing import ClassVar
 import torch
 
 from nanoserve.attention.backends.base import AttentionBackend
+from nanoserve.attention.causal import packed_prefill_attention
 
 GATHER_CHUNK = 32  # cells per chunk
 
@@ -44,6 +45,7 @@ class GatheredIndex:
         self.C, self.device = chunk, torch.device(device)
         self.cells = torch.full((64, chunk), -1, dtype=torch.long, device=device)  # (cap, C)
         self.chunk_row = torch.full((64,), -1, dtype=torch.long, device=device)  # (cap,)
+        self.chunk_pos = torch.zeros(64, dtype=torch.long, device=device)  # first position
         self.n = 0  # chunks in use
         self.indexed = [0] * rows  # cells of each row held by the index (host)
         self.last = torch.full((rows,), -1, dtype=torch.long, device=device)  # last chunk per row
@@ -70,7 +72,9 @@ class GatheredIndex:
         cells[:cap] = self.cells
         rows = torch.full((new,), -1, dtype=torch.long, device=self.device)
         rows[:cap] = self.chunk_row
-        self.cells, self.chunk_row = cells, rows
+        pos = torch.zeros(new, dtype=torch.long, device=self.device)
+        pos[:cap] = self.chunk_pos
+        self.cells, self.chunk_row, self.chunk_pos = cells, rows, pos
 
     def _drop(self, rows: set[int]) -> None:
         """Remove the chunks of ``rows`` in one compaction; renumber the others' last chunks."""
@@ -81,6 +85,7 @@ class GatheredIndex:
         m = int(keep.sum())
         self.cells[:m] = self.cells[:n][keep]
         self.chunk_row[:m] = self.chunk_row[:n][keep]
+        self.chunk_pos[:m] = self.chunk_pos[:n][keep]
         self.cells[m:n] = -1
         self.chunk_row[m:n] = -1
         self.n = m
@@ -99,6 +104,7 @@ class GatheredIndex:
         self._grow(self.n + need)
         ids = torch.arange(self.n, self.n + need, device=self.device)
         self.chunk_row[ids] = row
+        self.chunk_pos[ids] = (first_new + torch.arange(need, device=self.device)) * C
         base = self.last[row].item() if start else 0
         # chunk of each position: the open last chunk for pos < first_new * C, else a new one
         chunk = torch.where(pos < first_new * C, torch.full_like(pos, base),
@@ -117,7 +123,8 @@ class GatheredIndex:
         rows       B rows of the step; ctx: their context lengths after this step's token
         new_cells  (B,) the cell each row writes this step (position ctx - 1)
         slot_cells the slot table (rows, max_model_len), read for rows that join
-        returns    cells (n, C) with -1 for padding, chunk_b (n,) batch index of each chunk
+        returns    cells (n, C) with -1 for padding, chunk_b (n,) batch index of each chunk;
+                   ``chunk_pos[:n]`` holds the position of each chunk's first cell
         """
         gone = self.stale | {r for r in range(len(self.indexed)) if self.indexed[r]} - set(rows)
         self.stale = set()
@@ -156,6 +163,8 @@ class GatheredIndex:
             ids = torch.arange(self.n, self.n + k, device=self.device)
             opens_t = torch.tensor(opens, device=self.device)
             self.chunk_row[ids] = opens_t
+            self.chunk_pos[ids] = torch.tensor([p for p in pos if p % C == 0],
+                                               device=self.device)
             self.last[opens_t] = ids
             self.n += k
         self.cells[self.last[rows_t], pos_t % C] = cells
@@ -169,13 +178,20 @@ class GatheredIndex:
 
 
 def paged_attention_gathered(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                             cells: torch.Tensor, chunk_b: torch.Tensor) -> torch.Tensor:
+                             cells: torch.Tensor, chunk_b: torch.Tensor,
+                             chunk_pos: torch.Tensor | None = None,
+                             q_pos: torch.Tensor | None = None,
+                             window: int | None = None) -> torch.Tensor:
     """Decode attention over the gathered mapping: each row reads only its own chunks.
 
     q        (B, Hq, D)      one query per row, at the row's last position
     k_pool   (cells, Hkv, D) one layer's pool; v_pool likewise
     cells    (n, C)          pool cells of the batch's contexts, C per chunk, -1 for padding
     chunk_b  (n,)            the row (0..B-1) each chunk belongs to
+    chunk_pos (n,)           with ``window``: the absolute position of each chunk's first cell
+    q_pos    (B,)            with ``window``: each row's query position i
+    window   keys j with i - window < j <= i are read (None: the whole context), by absolute
+             position, so a decode step sees the window a whole prompt would
     returns  (B, Hq, D)
 
     A softmax split over chunks: each chunk's scores are a (g x C) matmul per KV head; the
@@ -193,7 +209,11 @@ def paged_attention_gathered(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torc
     values = v_pool.index_select(0, flat).view(n, C, Hkv, D).permute(2, 0, 1, 3)
     qc = q.view(B, Hkv, g, D).transpose(0, 1).index_select(1, chunk_b)  # (Hkv, n, g, D)
     s = torch.matmul(qc, keys.transpose(-1, -2)).float() * D ** -0.5  # (Hkv, n, g, C)
-    s = s.masked_fill((cells < 0)[None, :, None, :], float("-inf"))
+    hidden = cells < 0  # (n, C)
+    if window is not None:
+        j = chunk_pos[:, None] + torch.arange(C, device=cells.device)  # (n, C)
+        hidden = hidden | (j <= q_pos.index_select(0, chunk_b)[:, None] - window)
+    s = s.masked_fill(hidden[None, :, None, :], float("-inf"))
     m = s.new_full((Hkv, B, g), float("-inf")).scatter_reduce_(
         1, chunk_b[None, :, None].expand(Hkv, n, g), s.amax(-1), "amax")  # (Hkv, B, g)
     p = (s - m.index_select(1, chunk_b)[..., None]).exp()  # (Hkv, n, g, C)
@@ -206,10 +226,14 @@ def paged_attention_gathered(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torc
 
 class GatheredBackend(AttentionBackend):
     """Day 50: each decode row reads its own cells through the gathered mapping, kept up to
-    date one cell per row per step; prompts go through the shared paths."""
+    date one cell per row per step; prompts go through the shared paths. A per-layer sliding
+    window (Mistral) is read by absolute position on every path: the decode read masks each
+    chunk's cells by position, fresh prompts attend to their own keys through the window, and
+    the shared rectangle reads (continued chunks, decode rows in a packed step) take it too."""
 
     name = "gathered"
     reads: ClassVar[tuple[str, ...]] = ("decode",)
+    sliding_window: ClassVar[bool] = True
     window_chunk: ClassVar[int | None] = GATHER_CHUNK
 
     def __init__(self, cache):
@@ -220,13 +244,21 @@ class GatheredBackend(AttentionBackend):
         self.index.invalidate(row)
 
     def plan_decode(self, step, rows, ctx, cells) -> None:
-        step.read = self.index.update(rows, ctx, cells, self.cache.slots.cells)
+        step.read = (*self.index.update(rows, ctx, cells, self.cache.slots.cells),
+                     self.index.chunk_pos[:self.index.n])  # cells, chunk_b, chunk_pos
 
     def decode(self, q, kp, vp, positions, step) -> torch.Tensor:
-        cells, chunk_b = step.read
-        return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b)[:, :, None]
+        cells, chunk_b, chunk_pos = step.read
+        return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b, chunk_pos,
+                                        positions[:, 0], self.window)[:, :, None]
+
+    def prompts(self, q, k, v, kp, vp, step, b, e, s) -> torch.Tensor:
+        """Fresh prompts, each over its own new keys, through this layer's window."""
+        return packed_prefill_attention(q, k, v, step.packed_lens[b:e], self.window)
 
     def window_read(self, q, kp, vp, slot_cells, positions, context_lens, gathered=None):
+        if any(w is not None for w in self.windows):  # the static buffers hold no positions
+            return super().window_read(q, kp, vp, slot_cells, positions, context_lens)
         cells, chunk_b = gathered
         return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b)[:, :, None]
 
