@@ -3,9 +3,10 @@
 Why this module exists: a ``MistralForCausalLM`` checkpoint computes Llama's forward but for its
 attention mask: a key at position j is visible from position i iff ``i - sliding_window < j <= i``
 (transformers' ``sliding_window_overlay``), on every layer; ``sliding_window: null`` is plain
-Llama. The window is each layer's (``Llama.layer_windows``) and is read by the plain path only:
-the ``reference`` attention backend and the uncached forward. Every other backend refuses a
-windowed model by name at load (``AttentionBackend.unsupported``) rather than ignore the window.
+Llama. The window is each layer's (``Llama.layer_windows``) and is read by the ``reference`` and
+``gathered`` attention backends and the uncached forward. Every other backend (the C++ and
+Triton kernels) refuses a windowed model by name at load (``AttentionBackend.unsupported``)
+rather than ignore the window; so do CUDA graph windows and packed prompts elsewhere.
 
 >>> from nanoserve.config import ModelConfig
 >>> cfg = ModelConfig.from_dict({"architectures": ["MistralForCausalLM"], "vocab_size": 32,

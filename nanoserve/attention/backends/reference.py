@@ -2,8 +2,8 @@
 
 Why this module exists: it is the read every other backend is tested against, end to end. It
 takes no shortcut: a fresh prompt reads its own K/V back through the pool, as a continued chunk
-does, and a decode step gathers every row at the width of the longest. It is the one backend
-that reads a per-layer sliding window (Mistral): every read masks by absolute position, so a
+does, and a decode step gathers every row at the width of the longest. It reads a per-layer
+sliding window (Mistral), as the gathered backend does: every read masks by absolute position, so a
 decode step or a later chunk of a long prompt sees the same window as the whole prompt would.
 """
 
