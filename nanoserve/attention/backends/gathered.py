@@ -249,6 +249,8 @@ class GatheredBackend(AttentionBackend):
 
     def decode(self, q, kp, vp, positions, step) -> torch.Tensor:
         cells, chunk_b, chunk_pos = step.read
+        if self.window is None:  # the whole context: no positions to slice, no extra op
+            return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b)[:, :, None]
         return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b, chunk_pos,
                                         positions[:, 0], self.window)[:, :, None]
 
