@@ -55,19 +55,21 @@ def _day(chapter: Path) -> int:
     return int(_DAY_OF.match(chapter.name)[1])
 
 
-def prose_text(text: str) -> str:
-    """The README without code blocks, HTML comments and tables: what a reader reads."""
-    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+def _unfenced(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of every line outside code fences and tables."""
     out, fence = [], False
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), 1):
         s = line.strip()
         if s.startswith(("```", "~~~")):
             fence = not fence
-            continue
-        if fence or s.startswith("|"):
-            continue
-        out.append(line)
-    return "\n".join(out)
+        elif not (fence or s.startswith("|")):
+            out.append((n, line))
+    return out
+
+
+def prose_text(text: str) -> str:
+    """The README without code blocks, HTML comments and tables: what a reader reads."""
+    return "\n".join(line for _, line in _unfenced(re.sub(r"<!--.*?-->", "", text, flags=re.S)))
 
 
 def words(chapter: Path) -> int:
@@ -83,19 +85,10 @@ def quoted(chapter: Path) -> int:
 def later_days(chapter: Path) -> list[tuple[int, str]]:
     """(line, text) of each line that names a later day before a forward heading."""
     day, found = _day(chapter), []
-    lines = (chapter / "README.md").read_text().splitlines()
-    fence = False
-    for n, line in enumerate(lines, 1):
+    for n, line in _unfenced((chapter / "README.md").read_text()):
         s = line.strip()
-        if s.startswith(("```", "~~~")):
-            fence = not fence
-            continue
-        if fence:
-            continue
         if FORWARD_HEADINGS.match(s):
             break
-        if s.startswith("|"):
-            continue
         named = pn._days_named(pn._blank(line, pn._CODE_SPAN).replace("`", ""))
         named |= {int(d) for d in pn._CHAPTER_LINK.findall(line)}
         if any(d > day for d in named):

@@ -402,7 +402,9 @@ def record_two_threads(wait_s: float = 600.0, command: str = "") -> Path:
     after = two_cores_missing()  # the neighbours again, so a run they disturbed is refused
     if after is not None:
         raise SystemExit(f"not recorded: {after} (right after timing)")
-    flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0].split()
+    from nanoserve.model.weights import cpu_flags
+
+    flags = cpu_flags()
     isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     data = {"machine": f"x86_64 {csrc.cpu_signature()}, {os.cpu_count()} cores, "
                        f"{' '.join(isa)}, no GPU",

@@ -257,14 +257,23 @@ def every_occupancy() -> str:
     return f"{good:,} of {total:,}"
 
 
-@functools.cache
-def tokens_on_off() -> str:
-    """Twelve greedy requests through a pool small enough to preempt, compaction off then on."""
-    from nanoserve import LLM, SamplingParams
+def cramped_requests() -> tuple[list[list[int]], list]:
+    """The cramped pool's twelve greedy requests: prompts of 6 to 9 ids, 4 to 34 new tokens
+    each, EOS ignored, so a pool of 20 four-token blocks must preempt."""
+    from nanoserve import SamplingParams
 
     prompts = [[0, *range(3 + i, 8 + i + i % 4)] for i in range(12)]
     params = [SamplingParams(temperature=0, max_tokens=(4, 8, 16, 32)[i % 4] + i % 3,
                              ignore_eos=True) for i in range(12)]
+    return prompts, params
+
+
+@functools.cache
+def tokens_on_off() -> str:
+    """Twelve greedy requests through a pool small enough to preempt, compaction off then on."""
+    from nanoserve import LLM
+
+    prompts, params = cramped_requests()
     runs = {}
     with one_thread():
         for on in (False, True):
@@ -293,11 +302,9 @@ def tokens_on_off() -> str:
 def windows_on_off() -> str:
     """Day 57's windows over the persistent batch: twelve greedy requests through a pool small
     enough to preempt, compaction on; windows off, then on."""
-    from nanoserve import LLM, SamplingParams
+    from nanoserve import LLM
 
-    prompts = [[0, *range(3 + i, 8 + i + i % 4)] for i in range(12)]
-    ps = [SamplingParams(temperature=0, max_tokens=(4, 8, 16, 32)[i % 4] + i % 3,
-                         ignore_eos=True) for i in range(12)]
+    prompts, ps = cramped_requests()
     runs = {}
     with one_thread():
         for graphs in (False, True):
