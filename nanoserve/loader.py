@@ -106,7 +106,8 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     log.info("prepack=%s: %s (%s)", cfg.prepack, "packed" if prepacked else "plain",
              prepack_why)
     attention = attention_selector.choose(cfg.attention, kernels,
-                                          AttentionSpec.for_model(mc, dtype, device))
+                                          AttentionSpec.for_model(mc, dtype, device,
+                                                                 family.layer_windows(mc)))
     log.info("kernels=%s: %s (%s); attention=%s", cfg.kernels, "on" if kernels else "off",
              kernels_why, attention_selector.backend_class(attention).describe())
     local_rank, local_ranks = _local_ranks(cfg)

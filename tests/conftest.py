@@ -65,7 +65,7 @@ def hf_checkpoint(tmp_path_factory):
     cache: dict[tuple, Path] = {}
 
     def make(name: str = "gqa", **kw) -> Path:
-        key = (name, tuple(sorted(kw.items())))
+        key = (name, repr(sorted(kw.items())))  # values may be lists
         if key not in cache:
             cache[key] = write_hf_checkpoint(tmp_path_factory.mktemp(name), name, **kw)
         return cache[key]

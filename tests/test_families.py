@@ -25,6 +25,12 @@ CASES = {  # id -> (family, testing.CONFIGS name, overrides)
     "qwen3-head_dim": ("qwen3", "head_dim", {}),
     "qwen3-head_dim-tied": ("qwen3", "head_dim", {"tie_word_embeddings": True}),
     "qwen3-bias": ("qwen3", "bias", {"head_dim": 32}),
+    # windows on the layers transformers windows: from max_window_layers on, or by layer_types
+    "qwen2-window": ("qwen2", "gqa", {"use_sliding_window": True, "sliding_window": 4,
+                                      "max_window_layers": 1}),
+    "qwen3-window-types": ("qwen3", "head_dim", {
+        "use_sliding_window": True, "sliding_window": 3,
+        "layer_types": ["sliding_attention", "full_attention"]}),
 }
 PATHS = {"default": {}, "reference": {"attention": "reference"},
          "chunked": {"max_num_batched_tokens": 8, "max_num_seqs": 4}}
@@ -101,33 +107,42 @@ def _config(path, **changes):
     return ModelConfig.from_dict({**d, **changes})
 
 
-@pytest.mark.parametrize("cid", ["qwen2-gqa", "qwen3-head_dim"])
-def test_sliding_windows_are_refused_by_key(case, cid):
-    path = case(cid)
-    with pytest.raises(ValueError, match=r"use_sliding_window=True .*\(max_window_layers=1\)"):
-        model_class(_config(path, use_sliding_window=True, sliding_window=16,
-                            max_window_layers=1))
-    with pytest.raises(ValueError, match=r"layer_types=\['sliding_attention'"):
-        model_class(_config(path, use_sliding_window=True, sliding_window=16,
-                            layer_types=["sliding_attention", "full_attention"]))
-    # as published: a window size, switched off; or on, but no layer windowed
+def test_windows_follow_the_keys_transformers_reads(case):
+    """max_window_layers windows the layers from it on; layer_types, where written, wins; a
+    window no layer uses (or switched off) is full attention; an entry this engine does not
+    know, or a list of the wrong length, is refused by key."""
+    path = case("qwen2-gqa")
+    assert model_class(cfg := _config(path, use_sliding_window=True, sliding_window=16,
+                                      max_window_layers=1)).layer_windows(cfg) == (None, 16)
+    types = ["sliding_attention", "full_attention"]
+    assert model_class(cfg := _config(path, use_sliding_window=True, sliding_window=16,
+                                      max_window_layers=2, layer_types=types)
+                       ).layer_windows(cfg) == (16, None)
     for changes in ({"use_sliding_window": False, "sliding_window": 32768},
                     {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2}):
         cfg = _config(path, **changes)
-        model_class(cfg)
-        assert changes["use_sliding_window"] or cfg.sliding_window is None
+        assert model_class(cfg).layer_windows(cfg) == (None, None)
+    with pytest.raises(ValueError, match=r"layer_types=.*names \['chunked_attention'\]"):
+        model_class(_config(path, use_sliding_window=True, sliding_window=16,
+                            layer_types=["chunked_attention", "full_attention"]))
+    with pytest.raises(ValueError, match="layer_types has 1 entries"):
+        model_class(_config(path, use_sliding_window=True, sliding_window=16,
+                            layer_types=["full_attention"]))
 
 
-def test_a_windowed_checkpoint_is_refused_at_load(case, tmp_path):
-    src = case("qwen2-gqa")
+def test_a_window_changes_the_logits(case, tmp_path):
+    """The windowed checkpoint read with its window switched off gives other logits for a
+    prompt longer than the window: the parity above would fail if a path ignored it."""
+    src = case("qwen2-window")
     for f in src.iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes())
     d = json.loads((src / "config.json").read_text())
-    d.update(use_sliding_window=True, sliding_window=16, max_window_layers=0)
-    d.pop("layer_types", None)
+    assert d["layer_types"] == ["full_attention", "sliding_attention"]
+    d.update(use_sliding_window=False)
     (tmp_path / "config.json").write_text(json.dumps(d))
-    with pytest.raises(ValueError, match="use_sliding_window=True"):
-        LLM(str(tmp_path), **KW)
+    windowed = greedy_logits(LLM(str(src), **KW, attention="reference"), PROMPTS[1], 1)[0]
+    full = greedy_logits(LLM(str(tmp_path), **KW, attention="reference"), PROMPTS[1], 1)[0]
+    assert (windowed - full).abs().max() > 1e-3
 
 
 def test_other_architectures_are_refused_with_the_list(case):

@@ -5,19 +5,18 @@ three biases, so this family is Llama's classes with another ``LayerShape``, not
 Its config turns biases on by architecture, not by key: Qwen2's ``attention_bias`` and
 ``mlp_bias`` are not read by transformers, so they are not read here either.
 
-Sliding windows are not served yet: where ``use_sliding_window`` is true and some layer would be
-windowed (per ``layer_types``, or every layer from ``max_window_layers`` on), the checkpoint is
-refused with the key and its value rather than served with full attention.
+Sliding windows are read as transformers reads them: only where ``use_sliding_window`` is true,
+on the layers ``layer_types`` marks ``sliding_attention`` where the config has that list (it
+wins), else on every layer from ``max_window_layers`` on. A config that writes a window no layer
+uses is served with full attention everywhere, as transformers serves it.
 
 >>> from nanoserve.config import ModelConfig
 >>> cfg = ModelConfig.from_dict({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 32,
-...     "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+...     "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 3,
 ...     "num_attention_heads": 4, "use_sliding_window": True, "sliding_window": 8,
 ...     "max_window_layers": 1})
->>> Qwen2.check_config(cfg)  # doctest: +ELLIPSIS
-Traceback (most recent call last):
-...
-ValueError: config.json: use_sliding_window=True with sliding_window=8 windows layers [1] ...
+>>> Qwen2.layer_windows(cfg)
+(None, 8, 8)
 """
 
 from __future__ import annotations
@@ -46,13 +45,18 @@ def windowed_layers(cfg: ModelConfig) -> tuple[list[int], str]:
     return list(range(first, cfg.num_hidden_layers)), f"max_window_layers={first}"
 
 
-def refuse_sliding_windows(cfg: ModelConfig) -> None:
-    """A ``ValueError`` naming the keys where some layer would attend through a window."""
-    layers, why = windowed_layers(cfg)
-    if layers:
-        raise ValueError(f"config.json: use_sliding_window=True with sliding_window="
-                         f"{cfg.extra['sliding_window']} windows layers {layers} ({why}); "
-                         f"nanoserve does not serve sliding windows yet")
+def check_windows(cfg: ModelConfig) -> None:
+    """A ``ValueError`` naming the key where the windows cannot be served as written: a
+    ``layer_types`` entry this engine does not know, a list of the wrong length, or a window
+    that is not a positive int."""
+    layers, why = windowed_layers(cfg)  # refuses an unknown layer_types entry
+    types = cfg.extra.get("layer_types")
+    if types is not None and len(types) != cfg.num_hidden_layers:
+        raise ValueError(f"config.json: layer_types has {len(types)} entries for "
+                         f"num_hidden_layers={cfg.num_hidden_layers}")
+    w = cfg.extra.get("sliding_window")
+    if layers and (not isinstance(w, int) or w < 1):
+        raise ValueError(f"config.json: sliding_window={w!r} ({why}); a positive int")
 
 
 def qwen_layer_windows(cfg: ModelConfig) -> tuple[int | None, ...]:
@@ -68,12 +72,12 @@ class Qwen2(Llama):
 
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
-        refuse_sliding_windows(cfg)
+        check_windows(cfg)
 
     @classmethod
     def layer_windows(cls, cfg: ModelConfig) -> tuple[int | None, ...]:
-        """A window only on the layers transformers windows (none, once ``check_config``
-        has passed), not every layer as ``sliding_window`` alone would say."""
+        """A window only on the layers transformers windows, not every layer as
+        ``sliding_window`` alone would say."""
         return qwen_layer_windows(cfg)
 
     @classmethod

@@ -8,14 +8,14 @@ bias on q, k, v and o alike; the MLP never has one (transformers reads no ``mlp_
 
 The C++ forward (``cpu/fused.py``, its decode loop in csrc) has no per-head norm, so where the
 ops are on they read attention and run the linears while the layers run here
-(``fused_problem``). Sliding windows are refused as for Qwen2.
+(``fused_problem``). Sliding windows are read as Qwen2 reads them.
 """
 
 from __future__ import annotations
 
 from nanoserve.config import ModelConfig
 from nanoserve.model.llama import LayerShape, Llama
-from nanoserve.model.qwen2 import qwen_layer_windows, refuse_sliding_windows
+from nanoserve.model.qwen2 import check_windows, qwen_layer_windows
 
 
 class Qwen3(Llama):
@@ -25,7 +25,7 @@ class Qwen3(Llama):
 
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
-        refuse_sliding_windows(cfg)
+        check_windows(cfg)
 
     @classmethod
     def layer_windows(cls, cfg: ModelConfig) -> tuple[int | None, ...]:

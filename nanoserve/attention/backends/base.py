@@ -55,10 +55,14 @@ class AttentionSpec:
     logit_softcap: float | None = None  # scores pass through cap * tanh(score / cap)
 
     @classmethod
-    def for_model(cls, cfg: ModelConfig, dtype: torch.dtype,
-                  device: torch.device | str) -> AttentionSpec:
+    def for_model(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
+                  windows: tuple[int | None, ...] = ()) -> AttentionSpec:
+        """``windows``: each layer's sliding window as the family reads it (a Qwen config may
+        write a ``sliding_window`` that no layer uses); the widest is what a backend must
+        serve."""
+        widest = max((w for w in windows if w is not None), default=None)
         return cls(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, dtype,
-                   torch.device(device).type, cfg.sliding_window, cfg.attn_logit_softcapping)
+                   torch.device(device).type, widest, cfg.attn_logit_softcapping)
 
 
 class AttentionBackend:
