@@ -65,14 +65,15 @@ bench: setup ## the decode roofline, timed and GPU claims, then benchmarks (pyte
 	@$(call offline_tables,nanoserve$(comma)hf$(comma)hf-cb)
 
 # nanoserve bench offline: nanoserve against transformers (and vLLM), the shipped model and the
-# SmolLM2-135M shape, fp32 and bf16; each table names its hardware; JSON in build/bench/. With
+# SmolLM2-135M, Qwen3-0.6B and Gemma-3-270M shapes (Day 69), fp32 and bf16; each table names its
+# hardware; JSON in build/bench/. With
 # vLLM (bench-peers) every in-process engine gets one torch thread, as vLLM's CPU build computes
 # on one core of two and keeps the other for its front end (Day 53).
 comma := ,
 OFFLINE := $(PY) -m nanoserve.cli bench offline
 define offline_tables
 set -e; mkdir -p build/bench; \
-for model in nanoserve-tiny smollm2-135m; do for dtype in float32 bfloat16; do \
+for model in nanoserve-tiny smollm2-135m qwen3-0.6b gemma-3-270m; do for dtype in float32 bfloat16; do \
   shape=$$([ $$model = nanoserve-tiny ] || echo "--shape $$model"); \
   echo "+ nanoserve bench offline --engines $(1) $$shape --dtype $$dtype"; \
   $(OFFLINE) --engines $(1) $$shape --dtype $$dtype $(3) --json \

@@ -50,7 +50,37 @@ LLAMA_3_2_1B = {
     "torch_dtype": "bfloat16",
 }
 
-SHAPES: dict[str, dict] = {"smollm2-135m": SMOLLM2_135M, "llama-3.2-1b": LLAMA_3_2_1B}
+# Qwen/Qwen3-0.6B's config.json, as published (the keys that shape the math): per-head q/k
+# norms, head_dim 128 where hidden / heads is 64, tied embeddings, no window.
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "rope_scaling": None, "attention_bias": False, "use_sliding_window": False,
+    "sliding_window": None, "max_window_layers": 28, "tie_word_embeddings": True,
+    "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
+}
+
+# google/gemma-3-270m's config.json, as published (the keys that shape the math): five local
+# layers (a 512-token window, RoPE base 10,000) to each global one (base 1,000,000), one KV
+# head of 256, a 262,144-token vocabulary tied to the embedding.
+GEMMA_3_270M = {
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 262144,
+    "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0, "rope_scaling": None, "sliding_window": 512,
+    "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "attn_logit_softcapping": None, "final_logit_softcapping": None,
+    "layer_types": [("full_attention" if (i + 1) % 6 == 0 else "sliding_attention")
+                    for i in range(18)],
+    "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+    "torch_dtype": "bfloat16",
+}
+
+SHAPES: dict[str, dict] = {"smollm2-135m": SMOLLM2_135M, "llama-3.2-1b": LLAMA_3_2_1B,
+                           "qwen3-0.6b": QWEN3_0_6B, "gemma-3-270m": GEMMA_3_270M}
 
 
 def shape_config(name: str) -> dict:
@@ -69,16 +99,17 @@ def shape_checkpoint(name: str, cache: Path = SHAPE_CACHE, seed: int = 0) -> Pat
     if (out / "config.json").is_file():
         return out
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     cfg = shape_config(name)
     dtype = getattr(torch, cfg.pop("torch_dtype", "float32") or "float32")
-    for key in ("architectures", "model_type", "dtype"):
+    model_type = cfg.pop("model_type")
+    for key in ("architectures", "dtype"):
         cfg.pop(key, None)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**cfg)).to(dtype)
+    torch.manual_seed(seed)  # the family's own transformers classes write the folder
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **cfg)).to(dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
     model.save_pretrained(tmp)
