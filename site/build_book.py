@@ -70,7 +70,9 @@ PARTS = [
     (46, 48, "The server under fire", "bad input, overload, faults and a soak"),
     (49, 56, "Speed on a CPU", "compiled decode, bf16, the peers, fused C++ ops, the flags"),
     (57, 63, "Graphs and kernels", "CUDA graphs, the persistent batch and a Triton kernel"),
-    (64, 10**6, "Scale and structure", "tensor parallelism and structured outputs"),
+    (64, 68, "Scale and structure", "tensor parallelism and structured outputs"),
+    (69, 10**6, "Many models",
+     "model families beside Llama, sliding windows in a paged cache, parity without a hub"),
 ]
 TITLE = re.compile(r"# Day (\d+): (.+)")
 LINK = re.compile(r"(\]\()([^)\s#]+)([^)\s]*)")  # ](target#anchor "title"  -> groups 1, 2, 3
