@@ -133,7 +133,7 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
         log.info("tensor parallelism over %d ranks (%s): %s", tp,
                  cfg.distributed_executor_backend, model.shard_plan.describe())
     else:
-        model = load_model(cfg.model, dtype, cfg.device)
+        model = load_model(cfg.model, dtype, cfg.device, max_model_len)
         prepare_model(model, prepacked, small_gemm, kernels)
         if prepacked or small_gemm:
             log.info("small-M weights on huge pages: %s", model.huge_pages)

@@ -1,7 +1,7 @@
 """Reference checkpoints for tests and chapters, written by transformers itself.
 
 Why this module exists: no model hub is reachable here, so correctness is checked on small random
-checkpoints (Llama, Qwen2, Qwen3, Mistral) that transformers creates and saves with
+checkpoints (Llama, Qwen2, Qwen3, Mistral, Phi-3) that transformers creates and saves with
 ``save_pretrained``, in the exact folder layout of a published model. nanoserve loads the folder;
 transformers' own class for that family loads the same folder; the two are compared. Because
 transformers wrote the files and computes the reference, the check does not rest on anything
@@ -44,18 +44,51 @@ BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_la
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
             "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-            "mistral": ("MistralConfig", "MistralForCausalLM")}
+            "mistral": ("MistralConfig", "MistralForCausalLM"),
+            "phi3": ("Phi3Config", "Phi3ForCausalLM")}
+# family -> what its config class defaults to and BASE must undo (Phi3Config's pad id, 32000,
+# lies past the small vocabulary)
+FAMILY_BASE = {"phi3": dict(pad_token_id=None)}
+
+
+def longrope_factors(pairs: int, seed: int = 0) -> dict:
+    """A ``longrope`` rope_scaling with seeded factors near 1: short in [1, 1.2], long in
+    [1.5, 4], one per rotated pair, so the two lists turn keys visibly differently."""
+    g = torch.Generator().manual_seed(seed)
+    short, long = torch.rand(pairs, generator=g), torch.rand(pairs, generator=g)
+    return {"rope_type": "longrope", "short_factor": (1 + 0.2 * short).tolist(),
+            "long_factor": (1.5 + 2.5 * long).tolist()}
+
+
+# Variants only one family reads, by name, beside CONFIGS (which every family shares). Phi-3's
+# head_dim is 16: a partial factor of 0.75 turns 12 dims (6 pairs); longrope's original length
+# is 16 tokens, so a test crosses it cheaply.
+VARIANTS: dict[str, dict[str, dict]] = {"phi3": {
+    "phi3": dict(num_attention_heads=4, num_key_value_heads=2),
+    "phi3-partial": dict(num_attention_heads=4, num_key_value_heads=2,
+                         partial_rotary_factor=0.75),
+    "phi3-window": dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=5),
+    "phi3-longrope": dict(num_attention_heads=4, num_key_value_heads=2,
+                          original_max_position_embeddings=16,
+                          rope_scaling=longrope_factors(8)),
+    "phi3-longrope-partial": dict(  # Phi-4-mini's kind: partial, longrope, tied
+        num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.75,
+        tie_word_embeddings=True, original_max_position_embeddings=16,
+        rope_scaling=longrope_factors(6, seed=1)),
+}}
 
 
 def write_hf_checkpoint(path: str | Path, name: str = "gqa", seed: int = 0,
                         max_shard_size: str | None = None, family: str = "llama",
                         **overrides) -> Path:
-    """Create a random ``<Family>ForCausalLM`` with transformers and ``save_pretrained`` it."""
+    """Create a random ``<Family>ForCausalLM`` with transformers and ``save_pretrained`` it;
+    ``name`` is a ``CONFIGS`` shape or one of the family's ``VARIANTS``."""
     import transformers
 
     config_class, model_class = (getattr(transformers, n) for n in FAMILIES[family])
     torch.manual_seed(seed)
-    cfg = config_class(**{**BASE, **CONFIGS[name], **overrides})
+    shape = {**CONFIGS, **VARIANTS.get(family, {})}[name]
+    cfg = config_class(**{**BASE, **FAMILY_BASE.get(family, {}), **shape, **overrides})
     model = model_class(cfg)
     for n, p in model.named_parameters():  # HF zero-inits biases; make them matter
         if n.endswith("bias"):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 
 
 def _as_id_tuple(value: Any) -> tuple[int, ...]:

@@ -114,6 +114,7 @@ class Llama(nn.Module):
     # set, the ops still read attention and run the linears, but the layers run here.
     fused_problem: str | None = None
     tensor_parallel = True  # whether tp/ builds this family (TPLlama is a Llama)
+    rope_types = ("linear", "llama3")  # the rope_scaling types it computes (registry refuses)
 
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
@@ -138,9 +139,11 @@ class Llama(nn.Module):
         None for full attention: every layer of a Llama attends over the whole context."""
         return (None,) * cfg.num_hidden_layers
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, max_model_len: int | None = None):
         super().__init__()
         self.cfg = cfg
+        # the engine's longest sequence (the loader's); a RoPE that depends on it reads it
+        self.max_model_len = max_model_len or cfg.max_position_embeddings
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         shape = self.layer_shape(cfg)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, shape)

@@ -11,6 +11,9 @@ The fused layout, for one layer (rows are output features)::
 
     qkv_proj.weight      = cat([q_proj (Hq*D), k_proj (Hkv*D), v_proj (Hkv*D)])   # dim 0
     gate_up_proj.weight  = cat([gate_proj (I), up_proj (I)])                       # dim 0
+
+A checkpoint that stores them fused already, in that order (Phi-3's ``qkv_proj`` and
+``gate_up_proj``), is read as it is.
 """
 
 from __future__ import annotations
@@ -170,6 +173,9 @@ def hf_to_nanoserve(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, 
         q = f"layers.{i}."
         for fused, parts in FUSED.items():
             for suffix in ("weight", "bias"):
+                if f"{p}{fused}.{suffix}" in hf:  # stored fused already (Phi-3), same order
+                    out[f"{q}{fused}.{suffix}"] = take(f"{p}{fused}.{suffix}")
+                    continue
                 names = [f"{p}{part}.{suffix}" for part in parts]
                 if suffix == "bias" and names[0] not in hf:
                     continue
@@ -226,9 +232,10 @@ def save_checkpoint(model: torch.nn.Module, cfg: ModelConfig, model_dir: str | P
 
 
 def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
-               device: str | torch.device = "cpu"):
+               device: str | torch.device = "cpu", max_model_len: int | None = None):
     """Build the checkpoint's model (its family from ``model.registry``) from a folder, without
-    ever running a random init."""
+    ever running a random init; ``max_model_len`` is the engine's (default: the model's own
+    ``max_position_embeddings``), which a longrope family reads."""
     from nanoserve.model.registry import model_class
 
     cfg = ModelConfig.from_dir(model_dir)
@@ -236,7 +243,7 @@ def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
     torch_dtype = resolve_dtype(dtype, cfg, device)
     state = hf_to_nanoserve(load_hf_state_dict(model_dir), cfg)
     with torch.device("meta"):
-        model = family(cfg)
+        model = family(cfg, max_model_len)
     return assign_weights(model, state, torch_dtype, device, "checkpoint does not match "
                                                             "config.json")
 
