@@ -105,9 +105,9 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
         prepack_why += "; small-M copies where they beat F.linear"
     log.info("prepack=%s: %s (%s)", cfg.prepack, "packed" if prepacked else "plain",
              prepack_why)
+    windows = family.served_windows(mc, max_model_len)
     attention = attention_selector.choose(cfg.attention, kernels,
-                                          AttentionSpec.for_model(mc, dtype, device,
-                                                                 family.layer_windows(mc)))
+                                          AttentionSpec.for_model(mc, dtype, device, windows))
     log.info("kernels=%s: %s (%s); attention=%s", cfg.kernels, "on" if kernels else "off",
              kernels_why, attention_selector.backend_class(attention).describe())
     local_rank, local_ranks = _local_ranks(cfg)

@@ -155,3 +155,13 @@ def test_other_architectures_are_refused_with_the_list(case):
 def test_tensor_parallelism_refuses_a_non_llama_family(case, cid):
     with pytest.raises(ValueError, match="tensor_parallel_size=2: .*builds Llama's layers"):
         LLM(str(case(cid)), **KW, tensor_parallel_size=2)
+
+
+def test_a_window_no_shorter_than_the_context_is_full_attention(case):
+    """Phi-3.5-mini and Phi-4-mini write a window longer than their context: nothing is
+    hidden, so no backend is asked to serve a window (the C++ kernel then takes them)."""
+    cfg = _config(case("qwen2-gqa"), architectures=["MistralForCausalLM"], model_type="mistral",
+                  sliding_window=64)
+    family = model_class(cfg)
+    assert family.served_windows(cfg, 64) == (None, None)
+    assert family.served_windows(cfg, 65) == (64, 64)

@@ -139,6 +139,15 @@ class Llama(nn.Module):
         None for full attention: every layer of a Llama attends over the whole context."""
         return (None,) * cfg.num_hidden_layers
 
+    @classmethod
+    def served_windows(cls, cfg: ModelConfig, max_model_len: int) -> tuple[int | None, ...]:
+        """``layer_windows`` as the engine serves them: a window no shorter than
+        ``max_model_len`` hides nothing any query can reach (i - w < 0 <= j for every i the
+        engine runs), so it is full attention. Phi-3.5-mini and Phi-4-mini publish a window
+        of 262,144 tokens over a context of 131,072."""
+        return tuple(None if w is not None and w >= max_model_len else w
+                     for w in cls.layer_windows(cfg))
+
     def __init__(self, cfg: ModelConfig, max_model_len: int | None = None):
         super().__init__()
         self.cfg = cfg
@@ -154,7 +163,7 @@ class Llama(nn.Module):
                               device="meta" if tied else None)
         self.tie_weights()
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        self.windows = self.layer_windows(cfg)  # each layer's sliding window, or None
+        self.windows = self.served_windows(cfg, self.max_model_len)  # each layer's, or None
         self.causal = CausalAttention(self.windows)  # the attention context with no cache
         # What ``prepare_model`` settles at load (nanoserve/model/prepare.py), declared here:
         self.huge_pages = "weights not packed"  # where the small-M copies live (cpu/huge_pages)
