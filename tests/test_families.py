@@ -161,7 +161,7 @@ def test_a_window_no_shorter_than_the_context_is_full_attention(case):
     """Phi-3.5-mini and Phi-4-mini write a window longer than their context: nothing is
     hidden, so no backend is asked to serve a window (the C++ kernel then takes them)."""
     cfg = _config(case("qwen2-gqa"), architectures=["MistralForCausalLM"], model_type="mistral",
-                  sliding_window=64)
+                  sliding_window=64, use_sliding_window=True)
     family = model_class(cfg)
     assert family.served_windows(cfg, 64) == (None, None)
     assert family.served_windows(cfg, 65) == (64, 64)
