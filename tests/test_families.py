@@ -134,9 +134,3 @@ def test_other_architectures_are_refused_with_the_list(case):
     with pytest.raises(ValueError, match=r"Qwen2 \(Qwen2ForCausalLM\), Qwen3 \(Qwen3ForCausalLM"):
         model_class(_config(case("qwen2-gqa"), architectures=["GemmaForCausalLM"],
                             model_type="gemma"))
-
-
-@pytest.mark.parametrize("cid", ["qwen2-gqa", "qwen3-head_dim"])
-def test_tensor_parallelism_refuses_a_non_llama_family(case, cid):
-    with pytest.raises(ValueError, match="tensor_parallel_size=2: .*builds Llama's layers"):
-        LLM(str(case(cid)), **KW, tensor_parallel_size=2)
