@@ -80,8 +80,9 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     max_model_len = cfg.resolve_max_model_len(mc.max_position_embeddings)
     tp = cfg.tensor_parallel_size
     if tp > 1 and not family.tensor_parallel:
-        raise ValueError(f"tensor_parallel_size={tp}: tensor parallelism builds Llama's layers "
-                         f"only, not {family.__name__}'s ({', '.join(mc.architectures)})")
+        raise ValueError(f"tensor_parallel_size={tp}: tensor parallelism does not build "
+                         f"{family.__name__} ({', '.join(mc.architectures)}): the family does "
+                         f"not declare tensor_parallel = True")
     if tp > 1:  # a shape that cannot be split is refused before a worker starts
         from nanoserve.tp.shard import ShardPlan
 

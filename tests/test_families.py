@@ -151,12 +151,6 @@ def test_other_architectures_are_refused_with_the_list(case):
                             model_type="gemma"))
 
 
-@pytest.mark.parametrize("cid", ["qwen2-gqa", "qwen3-head_dim"])
-def test_tensor_parallelism_refuses_a_non_llama_family(case, cid):
-    with pytest.raises(ValueError, match="tensor_parallel_size=2: .*builds Llama's layers"):
-        LLM(str(case(cid)), **KW, tensor_parallel_size=2)
-
-
 def test_a_window_no_shorter_than_the_context_is_full_attention(case):
     """Phi-3.5-mini and Phi-4-mini write a window longer than their context: nothing is
     hidden, so no backend is asked to serve a window (the C++ kernel then takes them)."""

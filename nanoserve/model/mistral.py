@@ -24,7 +24,7 @@ from nanoserve.model.llama import Llama
 
 class Mistral(Llama):
     model_type = "mistral"
-    tensor_parallel = False  # tp/ reads no window
+    tensor_parallel = True  # each rank's cache reads the same layer_windows
 
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:

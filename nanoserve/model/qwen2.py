@@ -68,7 +68,7 @@ def qwen_layer_windows(cfg: ModelConfig) -> tuple[int | None, ...]:
 
 class Qwen2(Llama):
     model_type = "qwen2"
-    tensor_parallel = False  # tp/ builds Llama's layer shape only
+    tensor_parallel = True  # biases split with their heads (tp/shard.py)
 
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:

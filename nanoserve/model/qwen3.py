@@ -21,7 +21,7 @@ from nanoserve.model.qwen2 import check_windows, qwen_layer_windows
 class Qwen3(Llama):
     model_type = "qwen3"
     fused_problem = "the C++ forward has no per-head q/k RMSNorm"
-    tensor_parallel = False  # tp/ builds Llama's layer shape only
+    tensor_parallel = True  # q/k norms (D,) replicated, biases split with their heads
 
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:

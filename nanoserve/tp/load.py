@@ -4,7 +4,8 @@ Why this module exists: a model split over ranks because it does not fit one mus
 whole by each of them. Every tensor is opened with ``safe_open(...).get_slice(name)`` and only
 this rank's rows or columns (``ShardPlan.take``) are read; then the same renaming and fusing as
 one rank's load (``weights.hf_to_nanoserve``, sized by the rank's own config) and the same
-shape check against the model it fills. ``bytes_read`` says how much of the checkpoint this rank
+shape check against the model it fills: the family's own class, as the registry names it, made
+tensor-parallel (``layers.tp_class``). ``bytes_read`` says how much of the checkpoint this rank
 touched.
 """
 
@@ -15,9 +16,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from nanoserve.model.registry import model_class
 from nanoserve.model.weights import assign_weights, hf_to_nanoserve, tensors_by_file
 from nanoserve.tp.comm import Comm
-from nanoserve.tp.layers import TPLlama
+from nanoserve.tp.layers import TensorParallel, tp_class
 from nanoserve.tp.shard import ShardPlan
 
 
@@ -36,12 +38,14 @@ def read_slices(model_dir: str | Path, plan: ShardPlan) -> tuple[dict[str, torch
 
 
 def load_shard(model_dir: str | Path, plan: ShardPlan, comm: Comm, dtype: torch.dtype,
-               device: torch.device | str = "cpu") -> TPLlama:
-    """Build rank ``plan.rank``'s ``TPLlama`` without a random init or a whole-tensor read."""
+               device: torch.device | str = "cpu") -> TensorParallel:
+    """Build rank ``plan.rank``'s model (its family's class, as the registry names it, made
+    tensor-parallel by ``tp_class``) without a random init or a whole-tensor read."""
+    cls = tp_class(model_class(plan.cfg))
     hf, nbytes = read_slices(model_dir, plan)
     state = hf_to_nanoserve(hf, plan.local)
     with torch.device("meta"):
-        model = TPLlama(plan, comm)
+        model = cls(plan, comm)
     assign_weights(model, state, dtype, device,
                    f"rank {plan.rank}: the checkpoint's slices do not match the shard")
     model.bytes_read = nbytes

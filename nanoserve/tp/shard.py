@@ -1,9 +1,10 @@
 """Which slice of every weight a rank holds (Megatron's split), decided before anything starts.
 
 Why this module exists: tensor parallelism cuts each layer so that the ranks multiply their own
-pieces and meet only twice a layer, at an all-reduce. The cut is the same for every Llama, so it
-is written down once, as data, and checked against the model's shapes before a worker process
-is started or a byte is read:
+pieces and meet only twice a layer, at an all-reduce. The cut is the same for every family
+built from Llama's layers (Qwen2, Qwen3, Mistral: ``layers.tp_class``), so it is written down
+once, as data, and checked against the model's shapes before a worker process is started or a
+byte is read:
 
 - q, k and v projections split by heads (column-parallel): rank r owns a contiguous group of
   KV heads and the query heads that read them. KV heads that do not divide evenly are split as
@@ -14,7 +15,9 @@ is started or a byte is read:
 - gate and up split by columns, down by rows, then an all-reduce;
 - the embedding and the LM head split over the vocabulary in ``ceil(V/tp)``-row shards, the last
   one padded with zero rows (``vocab_pad``); logits are gathered on rank 0 and trimmed to V;
-- norms replicated; a row-parallel bias lives on rank 0 only, so the all-reduce adds it once.
+- a column-parallel bias (Qwen2's q, k and v) split with its rows, so with its heads;
+- norms replicated, Qwen3's per-head q/k norms too (one (D,) weight that every head uses);
+  a row-parallel bias lives on rank 0 only, so the all-reduce adds it once.
 
 ``ShardPlan(cfg, tp, rank).local`` is the ``ModelConfig`` of one rank's model: its heads, its
 KV heads, its slice of the MLP and its vocabulary shard, so the model, the KV pool and the fused
@@ -44,11 +47,15 @@ import torch
 from nanoserve.config import ModelConfig
 
 # How each Hugging Face tensor of a layer is cut: "rows" (output features, column-parallel),
-# "cols" (input features, row-parallel) or "whole". Names are the part after "model.layers.N.".
+# "cols" (input features, row-parallel) or "whole". Names are the part after "model.layers.N.";
+# any other (norms, Qwen3's and Gemma 3's per-head q/k norms over D) is read whole. A checkpoint
+# that stores q|k|v or gate|up fused (Phi-3) is cut in each part: this rank's q heads, its KV
+# heads in k, the same in v; its MLP columns of gate, the same of up.
 LAYER_SPLIT = {
     "self_attn.q_proj": "q_rows", "self_attn.k_proj": "kv_rows", "self_attn.v_proj": "kv_rows",
     "self_attn.o_proj": "q_cols", "mlp.gate_proj": "mlp_rows", "mlp.up_proj": "mlp_rows",
     "mlp.down_proj": "mlp_cols", "input_layernorm": "whole", "post_attention_layernorm": "whole",
+    "self_attn.qkv_proj": "qkv_rows", "mlp.gate_up_proj": "gate_up_rows",
 }
 VOCAB_SPLIT = ("model.embed_tokens.weight", "lm_head.weight")  # rows over the vocabulary
 
@@ -148,6 +155,17 @@ class ShardPlan:
         n = self.local.intermediate_size
         return self.rank * n, (self.rank + 1) * n
 
+    def _parts(self, kind: str) -> list[tuple[int, int]]:
+        """[start, end) rows of a fused tensor this rank holds, one range per part: q, k, v
+        (rows Hq*D, Hkv*D, Hkv*D) or gate, up (I, I)."""
+        c = self.cfg
+        if kind == "qkv_rows":
+            (qa, qb), (ka, kb) = self._range("q"), self._range("kv")
+            q, kv = c.q_size, c.kv_size
+            return [(qa, qb), (q + ka, q + kb), (q + kv + ka, q + kv + kb)]
+        a, b = self._range("mlp")
+        return [(a, b), (c.intermediate_size + a, c.intermediate_size + b)]
+
     def take(self, name: str, tensor_slice) -> torch.Tensor:
         """This rank's piece of HF tensor ``name``, read through ``tensor_slice`` (a
         ``safe_open(...).get_slice(name)``: only the piece is read from the file)."""
@@ -162,6 +180,8 @@ class ShardPlan:
             kind = LAYER_SPLIT.get(name.split(".", 3)[3].rpartition(".")[0], "whole")
         if kind == "whole":
             return tensor_slice[:]
+        if kind in ("qkv_rows", "gate_up_rows"):  # this rank's rows of each fused part
+            return torch.cat([tensor_slice[a:b] for a, b in self._parts(kind)])
         a, b = self._range(kind)
         if kind.endswith("rows"):
             return tensor_slice[a:b]
