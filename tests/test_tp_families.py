@@ -43,6 +43,9 @@ CASES = {  # id -> (family, testing.CONFIGS name, checkpoint overrides, engine o
                                 {"attention": "gathered", "kernels": False}),
     "mistral-window-chunked": ("mistral", "gqa", {"sliding_window": 4},
                                {**WINDOWED, "max_num_batched_tokens": 8, "max_num_seqs": 4}),
+    # fused q|k|v and gate|up in the checkpoint, a partial rotary, a window of 5
+    "phi3-partial": ("phi3", "phi3-partial", {}, {}),
+    "phi3-window": ("phi3", "phi3-window", {}, WINDOWED),
 }
 DEFAULT_TIER = {"qwen3-bias-head_dim"}
 KW = dict(dtype="float32", skip_tokenizer_init=True)

@@ -31,7 +31,9 @@ is turned by the long factors, where transformers would use the short.
 
 The C++ forward (``cpu/fused.py``) reads the model's own cos and sin, so longrope's factors and
 attention factor reach it; its ``rope_and_cache`` turns the whole head, so a partial rotary runs
-its layers here (``fused_problem``). Tensor parallelism does not build this family yet.
+its layers here (``fused_problem``). Tensor parallelism builds it as it builds Llama: tp/
+cuts the fused q|k|v and gate|up tensors per head and per column, and each rank settles the
+same RoPE factors from ``max_model_len``.
 
 >>> from nanoserve.config import ModelConfig
 >>> cfg = ModelConfig.from_dict({"architectures": ["Phi3ForCausalLM"], "vocab_size": 32,
@@ -58,7 +60,6 @@ from nanoserve.model.llama import LayerShape, Llama
 
 class Phi3(Llama):
     model_type = "phi3"
-    tensor_parallel = False  # tp/ builds Llama's layer shape only
     rope_types = ("longrope",)  # transformers' Phi3Config refuses any other scaling
 
     @classmethod

@@ -62,8 +62,8 @@ class TensorParallel:
     shard of the config; the checkpoint's whole vocabulary, to which rank 0 trims the gathered
     logits, is ``plan.cfg.vocab_size``. Mixed in before the family (``tp_class``)."""
 
-    def __init__(self, plan: ShardPlan, comm: Comm):
-        super().__init__(plan.local)
+    def __init__(self, plan: ShardPlan, comm: Comm, max_model_len: int | None = None):
+        super().__init__(plan.local, max_model_len)  # what the family settles from it (Phi-3)
         cfg = plan.local
         self.comm, self.vocab_size, self.shard_plan = comm, plan.cfg.vocab_size, plan
         self.bytes_read = 0  # of the checkpoint, by this rank's load (tp/load.py)

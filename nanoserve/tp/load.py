@@ -38,14 +38,15 @@ def read_slices(model_dir: str | Path, plan: ShardPlan) -> tuple[dict[str, torch
 
 
 def load_shard(model_dir: str | Path, plan: ShardPlan, comm: Comm, dtype: torch.dtype,
-               device: torch.device | str = "cpu") -> TensorParallel:
+               device: torch.device | str = "cpu",
+               max_model_len: int | None = None) -> TensorParallel:
     """Build rank ``plan.rank``'s model (its family's class, as the registry names it, made
     tensor-parallel by ``tp_class``) without a random init or a whole-tensor read."""
     cls = tp_class(model_class(plan.cfg))
     hf, nbytes = read_slices(model_dir, plan)
     state = hf_to_nanoserve(hf, plan.local)
     with torch.device("meta"):
-        model = cls(plan, comm)
+        model = cls(plan, comm, max_model_len)
     assign_weights(model, state, dtype, device,
                    f"rank {plan.rank}: the checkpoint's slices do not match the shard")
     model.bytes_read = nbytes

@@ -77,7 +77,8 @@ def checkpoint(comm: Comm, stage: str, error: BaseException | None) -> None:
 def build_model(spec: RankSpec, comm: Comm) -> torch.nn.Module:
     """This rank's shard of the model, packed and fused as rank 0 decided."""
     plan = ShardPlan(ModelConfig.from_dir(spec.model), spec.tp, comm.rank)
-    model = load_shard(spec.model, plan, comm, DTYPES[spec.dtype], spec.device_of(comm.rank))
+    model = load_shard(spec.model, plan, comm, DTYPES[spec.dtype], spec.device_of(comm.rank),
+                       spec.engine.get("max_model_len"))
     prepare_model(model, spec.prepack, spec.small_gemm, spec.kernels)
     return model
 
