@@ -24,6 +24,8 @@ MODEL_FAMILIES = {  # a config's architectures entry -> the family's "module:Cla
     "Qwen2ForCausalLM": "nanoserve.model.qwen2:Qwen2",  # Qwen2, Qwen2.5: biased q, k, v
     "Qwen3ForCausalLM": "nanoserve.model.qwen3:Qwen3",  # Qwen3 dense: per-head q/k norms
     "MistralForCausalLM": "nanoserve.model.mistral:Mistral",  # Llama, every layer windowed
+    "Gemma3ForCausalLM": "nanoserve.model.gemma3:Gemma3",  # Gemma 3 1B and the text models
+    "Gemma3ForConditionalGeneration": "nanoserve.model.gemma3:Gemma3",  # its language model
 }
 
 
@@ -31,9 +33,11 @@ def model_class(cfg: ModelConfig) -> type:
     """The class that serves ``cfg``: its first registered architecture, or a family whose
     ``model_type`` it names where the config lists no architecture; else a ``ValueError``
     naming what is supported. The family then checks the keys only it reads
-    (``check_config``): what it cannot honour is refused here, before a weight is read."""
+    (``check_config``, and its MLP's ``activation``): what it cannot honour is refused here,
+    before a weight is read."""
     cls = _find(cfg)
     cls.check_config(cfg)
+    cls.activation(cfg)
     return cls
 
 
