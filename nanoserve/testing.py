@@ -1,7 +1,7 @@
 """Reference checkpoints for tests and chapters, written by transformers itself.
 
 Why this module exists: no model hub is reachable here, so correctness is checked on small random
-checkpoints (Llama, Qwen2, Qwen3, Mistral, Phi-3) that transformers creates and saves with
+checkpoints (Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3) that transformers creates and saves with
 ``save_pretrained``, in the exact folder layout of a published model. nanoserve loads the folder;
 transformers' own class for that family loads the same folder; the two are compared. Because
 transformers wrote the files and computes the reference, the check does not rest on anything
@@ -29,7 +29,22 @@ CONFIGS: dict[str, dict] = {
     "head_dim": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32),
     "bias": dict(num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
                  mlp_bias=True),
+    # Gemma 3: local layers (a window of 4) between global ones, head_dim 32 where hidden /
+    # heads is 16, a query_pre_attn_scalar that is not head_dim (a quarter: q is scaled by 2,
+    # exactly), linear RoPE scaling on the global layers' own base, soft-capped logits
+    "gemma3": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                   num_hidden_layers=4, sliding_window=4, query_pre_attn_scalar=8,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                "full_attention"],
+                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                       "rope_theta": 100_000.0},
+                                    "sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 10_000.0}},
+                   final_logit_softcapping=5.0),
 }
+# the vision tower of a multimodal Gemma 3 (family="gemma3-vision"): as small as it builds
+TINY_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                   num_attention_heads=2, image_size=16, patch_size=8)
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -45,7 +60,11 @@ FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
             "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
             "mistral": ("MistralConfig", "MistralForCausalLM"),
-            "phi3": ("Phi3Config", "Phi3ForCausalLM")}
+            "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+            "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+            # its language model is a gemma3's, inside Gemma3Config's text_config
+            "gemma3-vision": ("Gemma3TextConfig", "Gemma3ForConditionalGeneration")}
+
 # family -> what its config class defaults to and BASE must undo (Phi3Config's pad id, 32000,
 # lies past the small vocabulary)
 FAMILY_BASE = {"phi3": dict(pad_token_id=None)}
@@ -89,13 +108,19 @@ def write_hf_checkpoint(path: str | Path, name: str = "gqa", seed: int = 0,
     torch.manual_seed(seed)
     shape = {**CONFIGS, **VARIANTS.get(family, {})}[name]
     cfg = config_class(**{**BASE, **FAMILY_BASE.get(family, {}), **shape, **overrides})
+    if family == "gemma3-vision":
+        cfg = transformers.Gemma3Config(text_config=cfg, vision_config=TINY_VISION,
+                                        mm_tokens_per_image=1,
+                                        tie_word_embeddings=cfg.tie_word_embeddings)
     model = model_class(cfg)
     for n, p in model.named_parameters():  # HF zero-inits biases; make them matter
         if n.endswith("bias"):
             torch.nn.init.normal_(p, std=0.1)
         elif family not in ("llama", "mistral") and n.endswith("norm.weight"):
-            # and ones its norms' weights (Qwen's per-head q/k norms)
-            torch.nn.init.normal_(p, mean=1.0, std=0.1)
+            # and ones its norms' weights (Qwen's per-head q/k norms), zeros Gemma's (a scale
+            # of 1 + w)
+            mean, std = (0.0, 0.2) if family.startswith("gemma") else (1.0, 0.1)
+            torch.nn.init.normal_(p, mean=mean, std=std)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **kwargs)
     return Path(path)

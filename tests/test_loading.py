@@ -96,7 +96,7 @@ def test_missing_tensor(tmp_path, hf_checkpoint):
 
 
 @pytest.mark.parametrize("change,pattern", [
-    ({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}, "supports only"),
+    ({"model_type": "gemma", "architectures": ["GemmaForCausalLM"]}, "supports only"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"num_key_value_heads": 3}, "not a multiple"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "yarn"),

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nanoserve.config.text_config import text_model_dict
+
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 
 
@@ -69,12 +71,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
+        d = text_model_dict(d)  # a nested text_config lifted; a family's class defaults
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads"):
             if not isinstance(d.get(key), int) or d[key] < 1:
                 raise ValueError(f"config.json: {key} must be a positive int, got {d.get(key)!r}")
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"config.json: hidden_act={d['hidden_act']!r}; Llama uses 'silu'")
         heads = d["num_attention_heads"]
         kv_heads = d.get("num_key_value_heads") or heads
         if heads % kv_heads:
@@ -86,6 +87,10 @@ class ModelConfig:
 
         # RoPE: transformers 5 nests everything in rope_parameters; older files use two keys.
         params = dict(d.get("rope_parameters") or {})
+        if params and all(isinstance(v, dict) for v in params.values()):
+            # keyed by layer type (Gemma 3): the full-attention layers' here, the rest the
+            # family reads from ``extra``
+            params = dict(params.get("full_attention") or {})
         theta = float(params.pop("rope_theta", d.get("rope_theta", 10000.0)))
         scaling = dict(d.get("rope_scaling") or params or {}) or None
         if scaling is not None:

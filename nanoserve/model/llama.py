@@ -17,6 +17,7 @@ E hidden size, V vocab.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,13 +41,17 @@ class AttentionContext(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class LayerShape:
-    """Where a family's decoder layer differs from Llama's: which linears carry a bias, and
-    whether q and k pass through an RMSNorm per head (over D) before RoPE (Qwen3)."""
+    """Where a family's decoder layer differs from Llama's: which linears carry a bias,
+    whether q and k pass through an RMSNorm per head (over D) before RoPE (Qwen3), of which
+    class (Gemma's scales by 1 + w), and a factor on q before attention, whose backends all
+    scale scores by D**-0.5 (Gemma's ``query_pre_attn_scalar`` asks for another scale)."""
 
     qkv_bias: bool
     o_bias: bool
     mlp_bias: bool
     qk_norm: bool = False
+    qk_norm_class: type[nn.Module] = RMSNorm
+    q_scale: float = 1.0
 
 
 class Attention(nn.Module):
@@ -58,9 +63,10 @@ class Attention(nn.Module):
                                bias=shape.qkv_bias, parallel="column")
         self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=shape.o_bias, parallel="row")
         if shape.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.q_norm = shape.qk_norm_class(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = shape.qk_norm_class(cfg.head_dim, cfg.rms_norm_eps)
         self.qk_norm = shape.qk_norm
+        self.q_scale = shape.q_scale
 
     def forward(self, x, cos, sin, positions, backend: AttentionContext):
         B, T, _ = x.shape  # (B, T, E)
@@ -73,20 +79,26 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, Hq, T, D), (B, Hkv, T, D)
         v = v.view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_scale != 1.0:  # scores are then q.k * q_scale * D**-0.5
+            q = q * self.q_scale
         out = backend.attend(self.layer, q, k, v, positions)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.hq * self.d))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, bias: bool):
+    """down(act(gate(x)) * up(x)): SwiGLU with ``F.silu``, GeGLU with a GELU."""
+
+    def __init__(self, cfg: ModelConfig, bias: bool,
+                 act: Callable[[torch.Tensor], torch.Tensor] = F.silu):
         super().__init__()
         self.i = cfg.intermediate_size
+        self.act = act
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.i, bias=bias, parallel="column")
         self.down_proj = Linear(self.i, cfg.hidden_size, bias=bias, parallel="row")
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.i, dim=-1)  # (B, T, I) each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -115,6 +127,17 @@ class Llama(nn.Module):
     fused_problem: str | None = None
     tensor_parallel = True  # whether tp/ builds this family (TPLlama is a Llama)
     rope_types = ("linear", "llama3")  # the rope_scaling types it computes (registry refuses)
+    layer_class: type[nn.Module] = DecoderLayer  # a family with other layers names its own
+    norm_class: type[nn.Module] = RMSNorm  # the final norm's
+
+    @classmethod
+    def activation(cls, cfg: ModelConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The MLP's activation as ``config.json`` names it (``hidden_act``; Llama's is silu),
+        or a ``ValueError`` naming the key and its value: each family reads its own key."""
+        act = cfg.extra.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"config.json: hidden_act={act!r}; {cls.__name__} uses 'silu'")
+        return F.silu
 
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
@@ -155,9 +178,9 @@ class Llama(nn.Module):
         self.max_model_len = max_model_len or cfg.max_position_embeddings
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         shape = self.layer_shape(cfg)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, shape)
+        self.layers = nn.ModuleList(self.layer_class(cfg, i, shape)
                                     for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = self.norm_class(cfg.hidden_size, cfg.rms_norm_eps)
         tied = cfg.tie_word_embeddings  # its weight is the embedding's: nothing to initialise
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False,
                               device="meta" if tied else None)

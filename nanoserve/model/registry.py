@@ -25,6 +25,8 @@ MODEL_FAMILIES = {  # a config's architectures entry -> the family's "module:Cla
     "Qwen3ForCausalLM": "nanoserve.model.qwen3:Qwen3",  # Qwen3 dense: per-head q/k norms
     "MistralForCausalLM": "nanoserve.model.mistral:Mistral",  # Llama, every layer windowed
     "Phi3ForCausalLM": "nanoserve.model.phi3:Phi3",  # Phi-3, 3.5, 4-mini: partial rotary, longrope
+    "Gemma3ForCausalLM": "nanoserve.model.gemma3:Gemma3",  # Gemma 3 1B and the text models
+    "Gemma3ForConditionalGeneration": "nanoserve.model.gemma3:Gemma3",  # its language model
 }
 
 
@@ -32,14 +34,16 @@ def model_class(cfg: ModelConfig) -> type:
     """The class that serves ``cfg``: its first registered architecture, or a family whose
     ``model_type`` it names where the config lists no architecture; else a ``ValueError``
     naming what is supported. The family then checks the keys only it reads
-    (``check_config``), and a RoPE scaling it does not compute (``rope_types``) is refused:
-    what it cannot honour is refused here, before a weight is read."""
+    (``check_config``, and its MLP's ``activation``), and a RoPE scaling it does not compute
+    (``rope_types``) is refused: what it cannot honour is refused here, before a weight is
+    read."""
     cls = _find(cfg)
     rope_type = (cfg.rope_scaling or {}).get("rope_type")
     if rope_type is not None and rope_type not in cls.rope_types:
         raise ValueError(f"config.json: rope_scaling.rope_type={rope_type!r} on "
                          f"{cls.__name__}: it computes {', '.join(cls.rope_types)}")
     cls.check_config(cfg)
+    cls.activation(cfg)
     return cls
 
 

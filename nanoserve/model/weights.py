@@ -19,6 +19,7 @@ A checkpoint that stores them fused already, in that order (Phi-3's ``qkv_proj``
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -38,9 +39,19 @@ FUSED = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
-# per-layer tensors only some families have (biases; Qwen3's per-head q/k norms)
+# per-layer tensors only some families have (biases; Qwen3's and Gemma's per-head q/k norms;
+# Gemma's norms around the MLP)
 OPTIONAL = ("self_attn.o_proj.bias", "mlp.down_proj.bias", "self_attn.q_norm.weight",
-            "self_attn.k_norm.weight")
+            "self_attn.k_norm.weight", "pre_feedforward_layernorm.weight",
+            "post_feedforward_layernorm.weight")
+# A multimodal checkpoint (one whose config.json has a vision_config): where its language
+# model's tensors sit (transformers' older and newer layouts), and what is not served
+LANGUAGE_MODEL = {"language_model.model.": "model.", "model.language_model.": "model.",
+                  "language_model.lm_head.": "lm_head."}
+NOT_TEXT = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+            "model.multi_modal_projector.")
+
+log = logging.getLogger("nanoserve")
 
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of native bf16 matmuls
 
@@ -148,6 +159,24 @@ def load_hf_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def language_model_tensors(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A multimodal checkpoint's language model, under a text model's names; the vision tower
+    and projector are left out, and the log says how many tensors that was."""
+    out, skipped = {}, 0
+    for name, t in hf.items():
+        if name.startswith(NOT_TEXT):
+            skipped += 1
+            continue
+        for old, new in LANGUAGE_MODEL.items():
+            if name.startswith(old):
+                name = new + name.removeprefix(old)
+                break
+        out[name] = t
+    log.info("multimodal checkpoint: serving its language model only; %d vision tower and "
+             "projector tensors not loaded", skipped)
+    return out
+
+
 def hf_to_nanoserve(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Rename and fuse HF tensors into nanoserve's parameter names. Refuses missing/extra names."""
     hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq")}
@@ -241,7 +270,10 @@ def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
     cfg = ModelConfig.from_dir(model_dir)
     family = model_class(cfg)
     torch_dtype = resolve_dtype(dtype, cfg, device)
-    state = hf_to_nanoserve(load_hf_state_dict(model_dir), cfg)
+    hf = load_hf_state_dict(model_dir)
+    if cfg.extra.get("vision_config") is not None:
+        hf = language_model_tensors(hf)
+    state = hf_to_nanoserve(hf, cfg)
     with torch.device("meta"):
         model = family(cfg, max_model_len)
     return assign_weights(model, state, torch_dtype, device, "checkpoint does not match "
