@@ -46,6 +46,8 @@ CASES = {  # id -> (family, testing.CONFIGS name, checkpoint overrides, engine o
     # fused q|k|v and gate|up in the checkpoint, a partial rotary, a window of 5
     "phi3-partial": ("phi3", "phi3-partial", {}, {}),
     "phi3-window": ("phi3", "phi3-window", {}, WINDOWED),
+    # four norms a layer, (1 + w) norms on q and k, GeGLU, local and global RoPE, a window
+    "gemma3": ("gemma3", "gemma3", {}, WINDOWED),
 }
 DEFAULT_TIER = {"qwen3-bias-head_dim"}
 KW = dict(dtype="float32", skip_tokenizer_init=True)

@@ -27,7 +27,8 @@ Refused by key: ``attn_logit_softcapping`` (Gemma 2's; no attention path here ca
 multimodal checkpoint (transformers' ``Gemma3ForConditionalGeneration`` never applies it, its
 ``ForCausalLM`` does: the published configs set none). The C++ forward cannot compute these
 layers (``fused_problem``): where the ops are on they read attention and run the linears, the
-layers run here. Tensor parallelism does not build them yet.
+layers run here. Tensor parallelism builds it as it builds Llama (its four norms a layer and
+its q/k norms read whole on every rank, the embedding scale applied in the forward).
 
 A ``Gemma3ForConditionalGeneration`` checkpoint serves text: its ``text_config`` is the config
 (``config/text_config.py``), its language model's tensors are the weights, and its vision tower
@@ -156,7 +157,7 @@ class Gemma3(Llama):
     model_type = "gemma3_text"
     fused_problem = ("the C++ forward has no Gemma layer ((1 + w) norms, four a layer, GeGLU, "
                      "two RoPE bases)")
-    tensor_parallel = False  # tp/ builds Llama's layers only
+    tensor_parallel = True  # its linears carry their split; its norms are read whole
     layer_class = GemmaDecoderLayer
     norm_class = GemmaRMSNorm
 
