@@ -74,7 +74,7 @@ def out_of_window(next_pos: int, window: int, block_size: int) -> int:
     """Leading blocks no query at ``next_pos`` or later reads: those whose last position p has
     p <= next_pos - window, i.e. the first (next_pos - window + 1) // block_size blocks.
 
-    >>> out_of_window(64, 64, 16), out_of_window(79, 64, 16), out_of_window(80, 64, 16)
+    >>> out_of_window(64, 64, 16), out_of_window(78, 64, 16), out_of_window(79, 64, 16)
     (0, 0, 1)
     """
     return max(0, (next_pos - window + 1) // block_size)
