@@ -12,7 +12,8 @@ on every rank of a tensor-parallel group, ``nanoserve.tp``) and the core over it
 scheduler owns the pool's bookkeeping.
 
 Without ``num_kv_blocks`` the pool holds ``max_num_seqs`` full-length sequences, capped at
-``DEFAULT_KV_BYTES`` (1 GiB).
+``DEFAULT_KV_BYTES`` (1 GiB), and one block more when every layer is windowed: the null block
+that stands for the blocks a window gave back (``nanoserve.engine.kv_manager``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from nanoserve.cpu.onednn import resolve as resolve_prepack
 from nanoserve.cpu.threads import Binding, plan
 from nanoserve.engine.core import EngineCore
 from nanoserve.engine.engine import Engine
+from nanoserve.engine.kv_manager import freeing_window
 from nanoserve.model.prepare import prepare_model
 from nanoserve.model.registry import model_class
 from nanoserve.model.weights import choose_dtype, load_model
@@ -117,7 +119,8 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
     eos = tokenizer.eos_token_ids if tokenizer else ()
     num_kv_blocks = cfg.num_kv_blocks or default_num_kv_blocks(
         mc, cfg.max_num_seqs, max_model_len, cfg.block_size,
-        torch.empty((), dtype=dtype).element_size())
+        torch.empty((), dtype=dtype).element_size()
+    ) + (freeing_window(family.layer_windows(mc)) is not None)  # + the null block (Day 70)
     engine_kw = dict(num_kv_blocks=num_kv_blocks, block_size=cfg.block_size,
                      max_num_seqs=cfg.max_num_seqs, max_model_len=max_model_len,
                      fail_on_step=list(cfg.fail_on_step), prefill=cfg.prefill,

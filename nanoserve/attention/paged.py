@@ -102,6 +102,19 @@ class BatchedPagedKVCache:
         self.lengths[row] = n
         self.backend.forget_row(row)
 
+    def drop_blocks(self, row: int, indices: list[int], null: int) -> None:
+        """Blocks ``indices`` of row ``row`` left every layer's sliding window and went back to
+        the pool (Day 70): their table entries and their positions' cells now name block
+        ``null``, which nobody writes, so a read that gathers them finds finite values its
+        window mask gives weight 0. The cells they named may belong to another row by now, so
+        the backend forgets the row (the gathered mapping re-reads it from the slot table)."""
+        table, bs = self.tables[row], self.block_size
+        for i in indices:
+            table.blocks[i] = null
+            self.slots.write(row, i * bs, table.cells(i * bs, (i + 1) * bs))
+        if indices:
+            self.backend.forget_row(row)
+
     def move_row(self, src: int, dst: int) -> int:
         """Move row ``src``'s tenant to the empty row ``dst`` (Day 58): a relabel, not a copy.
 

@@ -96,7 +96,8 @@ class EngineCore:
             raise ValueError(f"the config's blocks of {config.block_size} tokens and "
                              f"{config.max_num_seqs} rows are not the engine cache's "
                              f"({engine.cache.block_size}, {len(engine.cache.tables)})")
-        kv = KVCacheManager.from_config(config, engine.num_kv_blocks)  # the engine's pool
+        kv = KVCacheManager.from_config(config, engine.num_kv_blocks,  # the engine's pool
+                                        engine.cache.windows)
         policy = load_class(BATCHING_POLICIES[config.batching])  # a Scheduler, or one of its kind
         self.scheduler: Scheduler = policy.from_config(
             config, kv, max_model_len, on_release=engine.release_row, on_move=engine.move_row)
@@ -297,6 +298,18 @@ class EngineCore:
             recomputed_tokens=sched.recomputed_tokens, forward_passes=e.forward_passes,
             row_steps=e.row_steps, tokens_computed=e.tokens_computed,
             positions_computed=e.positions_computed, kv_cache_usage=kv.usage)
+
+    def keep_window_blocks(self) -> None:
+        """Measurement only (``nanoserve.bench.window_pool``): a fresh pool that keeps every
+        block however far behind a sliding window it falls, so the same weights can be run
+        with and without blocks given back. Refused once a request has arrived."""
+        sched = self.scheduler
+        if self.counters.requests_added or sched.has_unfinished():
+            raise RuntimeError("keep_window_blocks: requests have already used this pool")
+        old = sched.kv_cache_manager
+        kv = KVCacheManager(old.pool.num_blocks, old.block_size, old.pool.caching)
+        sched.kv_cache_manager = kv
+        self.engine.share_pool(kv)
 
     def check_invariants(self) -> None:
         """Every block free or held by exactly one running request, every slot likewise

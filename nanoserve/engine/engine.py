@@ -77,6 +77,9 @@ class Engine:
         # else the engine's own; and which rows hold such blocks now.
         self.hand_pool: BlockAllocator | KVCacheManager | None = None
         self.hand_rows: set[int] = set()
+        # The placeholder of a block a sliding window gave back (Day 70): the scheduler's KV
+        # manager's null block, once a core shares it (None: no block is ever given back).
+        self.null_block: int | None = None
         self.forward_passes = 0
         self.row_steps = 0  # rows issued, summed over forwards
         self.tokens_computed = 0  # real (unpadded) token positions run through the model
@@ -175,19 +178,35 @@ class Engine:
 
     # ------------------------------------------------------------ continuous batching
 
+    def _given_back(self, row: int, have: list[int], want: list[int]) -> list[int]:
+        """Where a row's blocks ``have`` and its request's ``want`` (as long) differ: only
+        where the request's is the null block (a window gave that block back, Day 70); any
+        other difference is a bookkeeping bug and raises."""
+        diff = [i for i, (a, b) in enumerate(zip(have, want, strict=True)) if a != b]
+        if any(want[i] != self.null_block for i in diff) or (diff and self.null_block is None):
+            raise RuntimeError(f"row {row} holds blocks {have}, not a prefix of its request's "
+                               f"{want}")
+        return diff
+
     def sync_blocks(self, request: Request) -> None:
-        """Tell the request's row about blocks the scheduler gave it (BlockTable.extend)."""
+        """Tell the request's row about blocks the scheduler gave it (BlockTable.extend), and
+        about blocks a window gave back: their entries become the null block."""
         table = self.cache.tables[request.slot]
-        if table.blocks != request.blocks[:len(table)]:
+        n = len(table)
+        if len(request.blocks) < n:
             raise RuntimeError(f"row {request.slot} holds blocks {table.blocks}, not a prefix "
                                f"of its request's {request.blocks}")
-        table.extend(request.blocks[len(table):])
+        if table.blocks != request.blocks[:n]:
+            gone = self._given_back(request.slot, table.blocks, request.blocks[:n])
+            self.cache.drop_blocks(request.slot, gone, self.null_block)
+        table.extend(request.blocks[n:])
 
     def release_row(self, request: Request) -> None:
         """The scheduler's on_release hook: forget the row; the scheduler frees the blocks."""
         blocks = self.cache.reset_row(request.slot)
-        if blocks != request.blocks[:len(blocks)]:
+        if len(request.blocks) < len(blocks):
             raise RuntimeError(f"row {request.slot} held {blocks}, not its request's blocks")
+        self._given_back(request.slot, blocks, request.blocks[:len(blocks)])
 
     def move_row(self, src: int, dst: int) -> int:
         """The scheduler's on_move hook (Day 58, ``compact_rows``): hand row ``src``'s tenant
@@ -309,3 +328,4 @@ class Engine:
         if self.hand_rows:
             raise RuntimeError(f"rows {sorted(self.hand_rows)} hold blocks granted by hand")
         self.hand_pool = pool
+        self.null_block = pool.null_block

@@ -22,6 +22,9 @@ The rules, each one a guard against a failure users of other engines have report
   forward every layer writes the step's new K/V before any row reads it).
 - **The last prompt token is always computed**: its logits pick the first output token, so a
   fully cached prompt still leaves its last block's last token to the forward.
+- **A window needs only its blocks** (every layer windowed, Day 70): a hit of n blocks needs
+  the blocks a query at position n * block_size can see, not the ones before them
+  (``match_window``, vLLM's rule), so a prefix whose head was evicted still hits.
 
 Invariants (``check_invariants``): every block is exactly one of free-uncached, free-cached or
 held; a held block's count is its holders; the map and each cached block agree.
@@ -151,6 +154,29 @@ class CachingBlockAllocator(BlockAllocator):
             found.append(b)
         return found
 
+    def match_window(self, hashes: list[bytes], token_ids: list[int], window: int,
+                     null: int) -> list[int]:
+        """The longest hit when every layer sees only ``window`` keys: n blocks, of which those
+        a query at position n * bs can see (from block (n*bs - window + 1) // bs on) are
+        cached with agreeing tokens; the blocks before them are ``null`` placeholders, looked
+        up or not. The hit's last block is always cached. No reference is taken.
+
+        Blocks that are skipped are not compared: the chained hash of a taken block still
+        names every token before it (a collision there is the 2**-128 chance any hit takes)."""
+        bs, best, run = self.block_size, 0, 0  # run: first block of the current cached run
+        found: list[int | None] = []
+        for i, h in enumerate(hashes):
+            b = self._by_hash.get(h)
+            if b is not None and self._tokens_of[b] != tuple(token_ids[i * bs:(i + 1) * bs]):
+                b = None
+            found.append(b)
+            if b is None:
+                run = i + 1
+            elif run <= max(0, ((i + 1) * bs - window + 1) // bs):
+                best = i + 1
+        skip = max(0, (best * bs - window + 1) // bs)
+        return [null] * skip + found[skip:best]
+
     def free_cost(self, blocks: list[int]) -> int:
         """Free blocks that taking ``blocks`` would use up: those nobody holds now."""
         return sum(1 for b in blocks if self._refs[b] == 0)
@@ -201,14 +227,20 @@ class CachingBlockAllocator(BlockAllocator):
 
 # ---------------------------------------------------------------------------- a request's view
 
-def match_prefix(allocator: CachingBlockAllocator, request) -> list[int]:
+def match_prefix(allocator: CachingBlockAllocator, request, window: int | None = None,
+                 null: int = 0) -> list[int]:
     """The cached blocks a waiting request can start from: the longest hashed prefix of its
     tokens, short of its last token (whose logits pick the next one). Hashes are kept on the
-    request, so a resumed request hashes only blocks it has not hashed before."""
+    request, so a resumed request hashes only blocks it has not hashed before. ``window``:
+    every layer's widest window, where every layer has one (``match_window``; ``null`` is the
+    placeholder of a block the hit does not need)."""
     bs = allocator.block_size
     ids = request.token_ids
     request.block_hashes = block_hashes(ids, bs, request.block_hashes)
-    return allocator.match(request.block_hashes[:(len(ids) - 1) // bs], ids)
+    hashes = request.block_hashes[:(len(ids) - 1) // bs]
+    if window is None:
+        return allocator.match(hashes, ids)
+    return allocator.match_window(hashes, ids, window, null)
 
 
 def commit_blocks(allocator: CachingBlockAllocator, request) -> None:

@@ -95,6 +95,7 @@ class Request:
         self.num_computed_tokens = 0  # tokens whose K/V is cached (scheduled counts as done)
         self.block_hashes: list[bytes] = []  # chained hashes of its full blocks (Day 43)
         self.num_cached_blocks = 0  # of its blocks, those the prefix cache can find
+        self.num_null_blocks = 0  # its first blocks, placeholders: behind a window (Day 70)
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None
         self.text = ""

@@ -5,7 +5,8 @@ request leaves the moment it finishes and a waiting one takes its row on the ver
 All of that happens in ``schedule()``, in one order that matters:
 
 1. **release** the finished: their blocks go back to the pool, their slot to the free list, and
-   ``on_release`` lets the engine reset the cache row;
+   ``on_release`` lets the engine reset the cache row; when every layer is windowed (Day 70) the
+   running give back the blocks behind their windows too (``KVCacheManager.free_out_of_window``);
 2. **grow** the running (Day 33): oldest first, each gets the blocks its next tokens need; when
    the pool is dry the youngest running request is *preempted* (blocks and slot back, generated
    tokens kept, head of the waiting queue) and later resumes by recomputing its K/V;
@@ -173,6 +174,7 @@ class Scheduler:
         that does not fit is cut to what is left, without it it waits whole."""
         self.schedule_calls += 1
         out = SchedulerOutput(finished=self._release_finished())
+        self._free_out_of_window()
         left = self.max_num_batched_tokens
         plan: dict[Request, int] = {}
         by_age = sorted(self.running, key=lambda r: r.arrival)
@@ -201,6 +203,13 @@ class Scheduler:
         out.admitted = [c.request for c in admitted]
         out.chunks += admitted
         return self._commit_decodes(out)
+
+    def _free_out_of_window(self) -> None:
+        """Every layer windowed (Day 70): before growth, each running request gives back the
+        blocks its next queries cannot see, so growth and admission can use them this step."""
+        for r in self.running:
+            if not r.is_finished:
+                self.kv_cache_manager.free_out_of_window(r)
 
     def _commit(self, out: SchedulerOutput) -> None:
         """The running's scheduled tokens count as computed; the blocks they fill are committed
@@ -294,7 +303,7 @@ class Scheduler:
         if self.on_release is not None:  # the engine resets the row while the slot moves
             self.on_release(request)
         self.kv_cache_manager.free(request.blocks)
-        request.blocks = []
+        request.blocks, request.num_null_blocks = [], 0
         heapq.heappush(self._free_slots, request.slot)
         request.slot = None
 
@@ -365,7 +374,7 @@ class Scheduler:
         """Every block is either free or held by exactly one running request; slots likewise."""
         kv = self.kv_cache_manager
         kv.check_invariants()
-        held = [b for r in self.running for b in r.blocks]
+        held = [b for r in self.running for b in r.blocks[r.num_null_blocks:]]
         assert len(held) == len(set(held)) == kv.num_held, "blocks out of balance"
         slots = [r.slot for r in self.running]
         assert len(set(slots)) == len(slots), "two running requests share a slot"

@@ -47,6 +47,7 @@ class WaveScheduler(Scheduler):
         No wave: release the last one, then admit the next (its prompts are this step's)."""
         self.schedule_calls += 1
         out = SchedulerOutput(finished=self._release_finished())
+        self._free_out_of_window()
         if self.running:
             out.moves = self._compact()  # only an abort opens a hole in a wave
             for r in self.running:
