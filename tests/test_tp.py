@@ -135,6 +135,10 @@ def test_replaying_the_journal_reproduces_rank_zeros_addressing():
     ours.tables[1].extend([11])  # the moved table still journals under its new row
     mirror.replay(theirs, ours.take_journal())
     assert theirs.tables[1].blocks == [7, 8, 9, 11]
+    ours.drop_blocks(1, [0, 1], 0)  # left a sliding window: the entries name the null block
+    assert mirror.replay(theirs, ours.take_journal()) == 1
+    assert theirs.tables[1].blocks == [0, 0, 9, 11]
+    assert torch.equal(ours.slots.cells, theirs.slots.cells)
     with pytest.raises(RuntimeError, match="journal record 9"):
         mirror.replay(theirs, [9, 0])
 

@@ -10,6 +10,7 @@ that also appends each change to a journal, as small integer records:
     RESET  row              a row was released (finished, aborted, preempted)
     ADOPT  row n            an empty row took n cached tokens (a prefix-cache hit, Day 43)
     MOVE   src dst          compaction relabelled a row (Day 58)
+    DROP   row null n i1 .. in  blocks i1 .. in of a row left every layer's window (Day 70)
 
 The journal travels with the next forward's broadcast (``protocol.py``) and ``replay`` applies
 it to a worker's plain cache before that forward, so both caches enter every forward in the
@@ -23,8 +24,9 @@ from __future__ import annotations
 
 from nanoserve.attention.paged import BatchedPagedKVCache, BlockTable
 
-EXTEND, RESET, ADOPT, MOVE = 1, 2, 3, 4
-OPS = {EXTEND: "extend", RESET: "reset_row", ADOPT: "adopt_prefix", MOVE: "move_row"}
+EXTEND, RESET, ADOPT, MOVE, DROP = 1, 2, 3, 4, 5
+OPS = {EXTEND: "extend", RESET: "reset_row", ADOPT: "adopt_prefix", MOVE: "move_row",
+       DROP: "drop_blocks"}
 
 
 class JournaledBlockTable(BlockTable):
@@ -62,6 +64,11 @@ class MirroredCache(BatchedPagedKVCache):
         self.journal += [MOVE, src, dst]
         return n
 
+    def drop_blocks(self, row: int, indices: list[int], null: int) -> None:
+        super().drop_blocks(row, indices, null)
+        if indices:
+            self.journal += [DROP, row, null, len(indices), *indices]
+
     def take_journal(self) -> list[int]:
         out = list(self.journal)
         self.journal.clear()  # the tables hold this very list: clear it, do not rebind it
@@ -87,6 +94,10 @@ def replay(cache: BatchedPagedKVCache, journal: list[int]) -> int:
         elif op == MOVE:
             cache.move_row(journal[i + 1], journal[i + 2])
             i += 3
+        elif op == DROP:
+            row, null, k = journal[i + 1], journal[i + 2], journal[i + 3]
+            cache.drop_blocks(row, journal[i + 4:i + 4 + k], null)
+            i += 4 + k
         else:
             raise RuntimeError(f"journal record {op} at {i} is not one of {OPS}")
         n += 1
