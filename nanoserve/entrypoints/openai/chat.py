@@ -106,7 +106,8 @@ async def create_chat_completion(request: Request):
         raise ApiError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     ids = chat_prompt(ctx, req)
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    mt = budget(ctx, len(ids), req.max_completion_tokens or req.max_tokens, name, None)
+    mt = budget(ctx, len(ids), req.max_completion_tokens or req.max_tokens, name,
+                ctx.sampling_defaults.get("max_tokens"))  # unset: generation_config's, or all
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     await compile_grammar(ctx, req)
