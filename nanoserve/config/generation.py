@@ -14,8 +14,9 @@ greedily when it is false; vLLM and nanoserve apply the temperature anyway), bea
 token ids (``eos_token_id`` and kin) are not sampling rules: the tokenizer reads EOS from this
 file already (``nanoserve/tokenizer.py``).
 
->>> GenerationDefaults("x/generation_config.json", {"temperature": 0.6}, ("do_sample",)).describe()
-'temperature=0.6 from x/generation_config.json (a request's own value wins; ignored: do_sample)'
+>>> print(GenerationDefaults("x/generation_config.json", {"temperature": 0.6}, ("do_sample",))
+...       .describe())
+temperature=0.6 from x/generation_config.json (a request's own value wins; ignored: do_sample)
 """
 
 from __future__ import annotations
