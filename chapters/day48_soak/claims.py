@@ -1,6 +1,7 @@
 """Day 48's numbers: a reduced soak run here, and the 10,000-request soak read from its record.
 
-The reduced soak is ``run_soak(requests=300, concurrency=32, disconnect_rate=0.2, seed=48)``:
+The reduced soak is ``run_soak(requests=300, concurrency=32, disconnect_rate=0.2, seed=48,
+chat=False)``:
 ``nanoserve serve`` on the shipped nanoserve-tiny in float32 (8 slots) as a subprocess on a free
 port of 127.0.0.1, 32 concurrent clients, a seeded mix of streamed and plain completions of 1 to
 24 tokens, half greedy, a fifth of the clients told to hang up mid-flight (``chat=False``: the
