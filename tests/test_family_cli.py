@@ -47,9 +47,10 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 USER_ONLY = CHAT[1:]
 ENGINE = dict(dtype="float32", max_num_seqs=2, max_model_len=128)
 FLAGS = ["--dtype", "float32", "--max-num-seqs", "2", "--max-model-len", "128"]
-# attention="auto" picks the C++ kernel where it loads, and it refuses a sliding window (Mistral)
-# until the window reaches it: those families read through the gathered backend here
-WINDOWED = {"mistral"}
+# attention="auto" picks the C++ kernel where it loads, and it refuses a sliding window (Mistral,
+# Gemma 3's local layers) until the window reaches it: those families read through the gathered
+# backend here (empty this set when the kernel reads windows)
+WINDOWED = {"mistral", "gemma3"}
 
 
 def flags(family: str) -> list[str]:
