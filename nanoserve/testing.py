@@ -226,8 +226,9 @@ def write_tokenizer(path: str | Path, family: str = "llama", chat_template: str 
     from tokenizers import AddedToken, Tokenizer, decoders, models
 
     path = Path(path)
-    if vocab_size is None:
-        vocab_size = json.loads((path / "config.json").read_text())["vocab_size"]
+    if vocab_size is None:  # a multimodal checkpoint keeps it in its text_config
+        config = json.loads((path / "config.json").read_text())
+        vocab_size = config.get("vocab_size") or config["text_config"]["vocab_size"]
     bos, specials = SPECIAL_TOKENS[family]
     chars = ["<unk>", "\n", "\t", *(chr(c) for c in range(32, 127))]
     if vocab_size < len(specials) + len(chars):

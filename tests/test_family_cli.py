@@ -3,7 +3,8 @@ transformers, with a tokenizer the test writes (``nanoserve.testing.write_tokeni
 vocabulary is the checkpoint's 256 ids) and the family's chat template (``CHAT_TEMPLATES``).
 
 The families are those ``write_hf_checkpoint`` writes (``testing.FAMILIES``) that nanoserve's
-registry serves; one with no chat format in ``CHAT_TEMPLATES`` is skipped by name.
+registry serves; a variant (``gemma3-vision``) takes its family's format (the name before the
+dash), and one with no chat format in ``CHAT_TEMPLATES`` is skipped by name.
 
 - ``nanoserve generate --model <folder> --chat`` runs as a child process for every family.
 - The server: ``nanoserve serve`` as a child process on a free 127.0.0.1 port for one family
@@ -54,12 +55,17 @@ WINDOWED = {"mistral", "gemma3"}
 
 
 def flags(family: str) -> list[str]:
-    return [*FLAGS, "--attention", "gathered"] if family in WINDOWED else FLAGS
+    return [*FLAGS, "--attention", "gathered"] if chat_format(family) in WINDOWED else FLAGS
 
 
 def options(family: str) -> dict:
-    return {**ENGINE, "attention": "gathered"} if family in WINDOWED else ENGINE
+    return {**ENGINE, "attention": "gathered"} if chat_format(family) in WINDOWED else ENGINE
 GEN_DEFAULTS = {"temperature": 0.0, "max_new_tokens": 3, "do_sample": False}
+
+
+def chat_format(family: str) -> str:
+    """The family whose chat format ``family`` speaks: a variant speaks its family's."""
+    return family if family in testing.CHAT_TEMPLATES else family.split("-")[0]
 
 
 def expected(family: str) -> tuple[list[dict], str]:
@@ -78,7 +84,7 @@ def expected(family: str) -> tuple[list[dict], str]:
         "gemma3": (CHAT, "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
                          "<start_of_turn>model\n"),
         "phi3": (CHAT, "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"),
-    }[family]
+    }[chat_format(family)]
 
 
 @pytest.fixture(scope="module")
@@ -88,12 +94,12 @@ def checkpoint(tmp_path_factory):
     cache = {}
 
     def make(family: str):
-        if family not in testing.CHAT_TEMPLATES:
+        if chat_format(family) not in testing.CHAT_TEMPLATES:
             pytest.skip(f"{family}: no chat format in nanoserve.testing.CHAT_TEMPLATES")
         if family not in cache:
             folder = testing.write_hf_checkpoint(tmp_path_factory.mktemp(family),
                                                  family=family)
-            testing.write_tokenizer(folder, family)
+            testing.write_tokenizer(folder, chat_format(family))
             if family == "llama":
                 gen = folder / "generation_config.json"
                 gen.write_text(json.dumps({**json.loads(gen.read_text()), **GEN_DEFAULTS}))
