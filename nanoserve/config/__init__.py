@@ -5,8 +5,7 @@ Why this package exists: every shape comes from the checkpoint's ``config.json``
 (``EngineConfig``, ``engine.py``) that ``LLM``, ``AsyncLLM``, ``nanoserve serve`` and the
 benchmarks all build from. Nothing else lists an option, its default or its limit. The attention
 and batching options' names, and the class each names, are ``registries.py``; ``cpus.py`` is the
-syntax of ``threads_bind``; ``generation.py`` reads a checkpoint's sampling defaults
-(``generation_config.json``) for the ``generation_config`` option.
+syntax of ``threads_bind``.
 
 May import: nothing else of nanoserve; it is the bottom of the layers.
 """
