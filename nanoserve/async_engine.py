@@ -101,6 +101,14 @@ class AsyncLLM:
         return self.core.tokenizer
 
     @property
+    def generation_defaults(self) -> dict:
+        """generation_config.json's sampling defaults (``SamplingParams``' names): the server
+        starts every request from them, its own fields on top."""
+        loaded = self.core.loaded
+        gd = loaded.generation_defaults if loaded is not None else None
+        return dict(gd.values) if gd is not None else {}
+
+    @property
     def max_model_len(self) -> int:
         return self.core.max_model_len
 

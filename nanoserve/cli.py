@@ -15,18 +15,25 @@ import argparse
 import sys
 import time
 
+GENERATE_DEFAULTS = {"temperature": 0.0, "max_tokens": 64}  # greedy, unless told otherwise
+
 
 def _generate(args: argparse.Namespace) -> int:
     from nanoserve.config import EngineConfig
     from nanoserve.llm import LLM
     from nanoserve.sampling.params import SamplingParams
 
+    # a flag given wins, then the checkpoint's generation_config.json, then these
+    asked = {k: v for k, v in dict(temperature=args.temperature, top_p=args.top_p,
+                                   top_k=args.top_k, max_tokens=args.max_tokens).items()
+             if v is not None}
+    fixed = dict(seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     try:
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
-                                ignore_eos=args.ignore_eos)
+        params = SamplingParams(**{**GENERATE_DEFAULTS, **asked}, **fixed)  # refused before load
         t0 = time.perf_counter()
         llm = LLM.from_config(EngineConfig.from_cli_args(args))
+        params = SamplingParams(**{**GENERATE_DEFAULTS, **llm.generation_defaults, **asked},
+                                **fixed)
         t1 = time.perf_counter()
         prompt = args.prompt
         if args.chat:  # the template writes BOS itself: encode without adding another
@@ -53,10 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate", help="continue one prompt with the offline engine",
                        allow_abbrev=False)
     g.add_argument("prompt")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
+    said = "default: generation_config.json's, else"
+    g.add_argument("--max-tokens", type=int, default=None, help=f"({said} 64)")
+    g.add_argument("--temperature", type=float, default=None, help=f"({said} 0: greedy)")
+    g.add_argument("--top-p", type=float, default=None, help=f"({said} 1)")
+    g.add_argument("--top-k", type=int, default=None, help=f"({said} 0: off)")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")

@@ -162,6 +162,9 @@ class LLM:
         self.batching, self.allocation = config.batching, config.allocation_policy
         self.max_num_seqs, self.enable_kv_cache = config.max_num_seqs, config.enable_kv_cache
         self.cuda_graphs, self.compact_rows = config.cuda_graphs, config.persistent_batch
+        # generation_config.json's sampling defaults (generation_config="auto"), by
+        # SamplingParams' names; generate(prompts) without params starts from them
+        self.generation_defaults = dict(loaded.generation_defaults.values)
         self.stats = Stats()
 
     @property
@@ -181,6 +184,13 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate(prompts)`` runs with when given no ``SamplingParams``: vLLM's
+        defaults with the checkpoint's ``generation_config.json`` on top, as vLLM's method of
+        this name does. A ``SamplingParams`` passed in is taken whole (every field of it is
+        the caller's); start from this one (``dataclasses.replace``) to keep the defaults."""
+        return SamplingParams(**self.generation_defaults)
 
     # ---------------------------------------------------------------- input checks
 
@@ -204,7 +214,7 @@ class LLM:
         if not prompts:
             raise ValueError("prompts is empty")
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):

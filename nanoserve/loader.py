@@ -27,6 +27,7 @@ import torch
 from nanoserve.attention import selector as attention_selector
 from nanoserve.attention.backends.base import AttentionSpec
 from nanoserve.config import EngineConfig, ModelConfig
+from nanoserve.config.generation import GenerationDefaults, read_generation_defaults
 from nanoserve.cpu.csrc import resolve as resolve_kernels
 from nanoserve.cpu.onednn import resolve as resolve_prepack
 from nanoserve.cpu.threads import Binding, plan
@@ -36,6 +37,7 @@ from nanoserve.engine.kv_manager import freeing_window
 from nanoserve.model.prepare import prepare_model
 from nanoserve.model.registry import model_class
 from nanoserve.model.weights import choose_dtype, load_model
+from nanoserve.sampling.params import SamplingParams
 from nanoserve.tokenizer import Tokenizer
 
 log = logging.getLogger("nanoserve")
@@ -62,6 +64,7 @@ class LoadedEngine:
     max_model_len: int
     engine: Engine
     binding: Binding  # the CPUs the forward threads are pinned to (threads.py)
+    generation_defaults: GenerationDefaults | None = None  # generation_config.json's (load_core)
 
 
 def default_num_kv_blocks(mc: ModelConfig, max_num_seqs: int, max_model_len: int,
@@ -151,11 +154,26 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
 def load_core(cfg: EngineConfig) -> EngineCore:
     """Load what ``cfg`` names and build the engine core over it (``core.loaded`` records
     what was loaded and why)."""
+    defaults = generation_defaults(cfg)  # a bad file is refused before any weight is read
     loaded = load_engine(cfg)
+    loaded.generation_defaults = defaults
     core = EngineCore(loaded.engine, cfg, loaded.tokenizer, loaded.eos_token_ids,
                       loaded.max_model_len, loaded.model_config.vocab_size)
     core.loaded = loaded
     return core
+
+
+def generation_defaults(cfg: EngineConfig) -> GenerationDefaults:
+    """The sampling defaults ``cfg.generation_config`` names, each checked as a request's value
+    is (``SamplingParams``), and said in the log: every request starts from them."""
+    defaults = read_generation_defaults(str(cfg.generation_config), cfg.model)
+    try:
+        SamplingParams(**defaults.values)
+    except ValueError as e:
+        raise ValueError(f"generation_config={cfg.generation_config}: {defaults.source}: "
+                         f"{e}") from None
+    log.info("generation_config=%s: %s", cfg.generation_config, defaults.describe())
+    return defaults
 
 
 def _local_ranks(cfg: EngineConfig) -> tuple[int, int]:

@@ -194,3 +194,114 @@ def random_json_schema(rng, depth: int = 0) -> dict:
     return {"type": "object", "properties": {k: random_json_schema(rng, depth + 1) for k in keys},
             "required": rng.sample(keys, rng.randint(1, len(keys))),
             "additionalProperties": False}
+
+
+# ---------------------------------------------------------------------------- chat formats
+# Each family's published prompt format (its special tokens, turn markers and rules are facts;
+# these templates are this project's own text), for the random checkpoints above. Llama 3 is
+# the 3.2 layout (a system header with today's date, via strftime_now); Mistral is the
+# v0.1/v0.2 rule set (user and assistant only, alternating: a system message is refused);
+# Gemma 3 folds a system message into the first user turn and calls the assistant "model".
+_ALTERNATE = ("{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+              "{{- raise_exception('conversation roles must alternate "
+              "user/assistant/user/assistant/...') }}{%- endif %}\n")
+_CHATML = ("{%- for message in messages %}\n"
+           "{{- '<|im_start|>' + message['role'] + '\\n' }}\n"
+           "{{- message['content'] + '<|im_end|>\\n' }}\n"
+           "{%- endfor %}\n"
+           "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n")
+CHAT_TEMPLATES: dict[str, str] = {
+    "qwen2": _CHATML,
+    "qwen3": _CHATML,
+    "llama": (
+        "{{- bos_token }}\n"
+        "{%- if messages and messages[0]['role'] == 'system' %}\n"
+        "{%- set system, turns = messages[0]['content'] | trim, messages[1:] %}\n"
+        "{%- else %}{%- set system, turns = '', messages %}{%- endif %}\n"
+        "{%- set today = date_string if date_string is defined else strftime_now('%d %b %Y') %}\n"
+        "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}\n"
+        "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: ' + today + '\\n\\n' }}\n"
+        "{{- system + '<|eot_id|>' }}\n"
+        "{%- for message in turns %}\n"
+        "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}\n"
+        "{{- message['content'] | trim + '<|eot_id|>' }}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}\n"
+        "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}\n"),
+    "mistral": (
+        "{{- bos_token }}\n"
+        "{%- for message in messages %}\n"
+        "{%- if message['role'] not in ['user', 'assistant'] %}\n"
+        "{{- raise_exception('the ' + message['role'] + ' role is not supported: this model "
+        "takes user and assistant messages only') }}{%- endif %}\n" + _ALTERNATE +
+        "{%- if message['role'] == 'user' %}{{- '[INST] ' + message['content'] + ' [/INST]' }}\n"
+        "{%- else %}{{- message['content'] + eos_token }}{%- endif %}\n"
+        "{%- endfor %}\n"),
+    "gemma3": (
+        "{{- bos_token }}\n"
+        "{%- if messages and messages[0]['role'] == 'system' %}\n"
+        "{%- set lead, turns = messages[0]['content'] + '\\n\\n', messages[1:] %}\n"
+        "{%- else %}{%- set lead, turns = '', messages %}{%- endif %}\n"
+        "{%- for message in turns %}\n" + _ALTERNATE +
+        "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}\n"
+        "{{- '<start_of_turn>' + role + '\\n' + (lead if loop.first else '') }}\n"
+        "{{- message['content'] | trim + '<end_of_turn>\\n' }}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}\n"),
+    "phi3": (
+        "{%- for message in messages %}\n"
+        "{%- if message['role'] not in ['system', 'user', 'assistant'] %}\n"
+        "{{- raise_exception('the ' + message['role'] + ' role is not supported') }}"
+        "{%- endif %}\n"
+        "{{- '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}\n"),
+}
+
+# family -> its special tokens: the first is BOS (id 0), the last EOS (the last id), as BASE
+# numbers them; None: the family writes no BOS (Qwen).
+SPECIAL_TOKENS: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "llama": ("<|begin_of_text|>", ("<|begin_of_text|>", "<|end_of_text|>",
+                                    "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+    "qwen2": (None, ("<|endoftext|>", "<|im_start|>", "<|im_end|>")),
+    "qwen3": (None, ("<|endoftext|>", "<|im_start|>", "<|im_end|>")),
+    "mistral": ("<s>", ("<s>", "[INST]", "[/INST]", "</s>")),
+    "gemma3": ("<bos>", ("<bos>", "<start_of_turn>", "<end_of_turn>", "<eos>")),
+    "phi3": (None, ("<s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
+                    "<|endoftext|>")),
+}
+
+
+def write_tokenizer(path: str | Path, family: str = "llama", chat_template: str | None = None,
+                    vocab_size: int | None = None) -> Path:
+    """A character-level tokenizer for the checkpoint in ``path``, its vocabulary exactly the
+    model's (``config.json``'s ``vocab_size``, e.g. 256): the family's special tokens (BOS at
+    id 0, EOS at the last id, as ``BASE`` numbers them), ``<unk>``, printable ASCII, newline
+    and tab, then fillers. Writes ``tokenizer.json`` and a ``tokenizer_config.json`` with the
+    family's BOS and EOS and its chat template (``CHAT_TEMPLATES``, or ``chat_template``)."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    path = Path(path)
+    if vocab_size is None:  # a multimodal checkpoint keeps it in its text_config
+        config = json.loads((path / "config.json").read_text())
+        vocab_size = config.get("vocab_size") or config["text_config"]["vocab_size"]
+    bos, specials = SPECIAL_TOKENS[family]
+    chars = ["<unk>", "\n", "\t", *(chr(c) for c in range(32, 127))]
+    if vocab_size < len(specials) + len(chars):
+        raise ValueError(f"vocab_size={vocab_size} is below the {len(specials) + len(chars)} "
+                         f"tokens a {family} tokenizer needs")
+    middle = [*chars, *(f"<filler_{i}>" for i in range(vocab_size - len(specials)
+                                                        - len(chars)))]
+    order = [specials[0], *middle, *specials[1:]]
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(order)}, [], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()  # characters joined as they are
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tok.save(str(path / "tokenizer.json"))
+    template = chat_template if chat_template is not None else CHAT_TEMPLATES[family]
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos,
+        "eos_token": specials[-1], "unk_token": "<unk>", "add_bos_token": False,
+        "chat_template": template}, indent=2))
+    return path

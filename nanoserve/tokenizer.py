@@ -14,10 +14,12 @@ never cut a multi-byte character in half (a byte-level BPE token can be a third 
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
 
+from jinja2 import TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -87,23 +89,60 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tokenize: bool = False, **kwargs) -> str | list[int]:
-        """Render the checkpoint's jinja chat template, as transformers does."""
+        """Render the checkpoint's jinja chat template, as transformers does: in a sandbox
+        (``ImmutableSandboxedEnvironment``, ``trim_blocks`` and ``lstrip_blocks``), with
+        ``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token`` and the two
+        functions templates call, ``raise_exception(msg)`` and ``strftime_now(fmt)``. Every
+        failure is a ``ValueError`` that says what went wrong: no template, a template that does
+        not parse (with its line), the template's own ``raise_exception`` (with its message,
+        e.g. a family's "roles must alternate"), or an error while it ran."""
         if self.chat_template is None:
             raise ValueError("this checkpoint has no chat_template; send a plain prompt instead")
-
-        def raise_exception(message):
-            raise ValueError(f"chat template: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(
-            x, ensure_ascii=False, indent=indent)
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        text = env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+        template = _compile(self.chat_template)
+        try:
+            text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+                                   **kwargs)
+        except TemplateRaised:
+            raise
+        except TemplateError as e:  # an undefined call, a sandbox refusal, ...
+            raise ValueError(f"chat template failed: {type(e).__name__}: {e}") from None
+        except Exception as e:  # the template is code: 'a' + 1, a division by zero, ...
+            raise ValueError(f"chat template failed: {type(e).__name__}: {e}") from None
         return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+class TemplateRaised(ValueError):
+    """A chat template's own ``raise_exception(message)``: its message, as the template says
+    it (a family's rule, such as roles that must alternate)."""
+
+
+def _raise_exception(message):
+    raise TemplateRaised(f"chat template: {message}")
+
+
+def _tojson(x, indent=None, ensure_ascii=False, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+# transformers' environment: a sandbox (a template cannot reach Python's internals), blocks
+# trimmed as it trims them, its two functions and its tojson.
+_ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                     extensions=["jinja2.ext.loopcontrols"])
+_ENV.filters["tojson"] = _tojson
+_ENV.globals["raise_exception"] = _raise_exception
+_ENV.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(source: str):
+    """The template, parsed once per distinct text; one that does not parse is a
+    ``ValueError`` naming its line."""
+    try:
+        return _ENV.from_string(source)
+    except TemplateSyntaxError as e:
+        raise ValueError(f"chat template does not parse: line {e.lineno}: {e.message}") from None
 
 
 class IncrementalDetokenizer:

@@ -2,9 +2,10 @@
 
 Three servers, each a real uvicorn in a thread on a free port (``server_fixture.py``):
 
-- ``tiny``: the shipped model, float32, with a chat template from the test (it ships none);
+- ``tiny``: the shipped model, float32, with a chat template from the test (``--chat-template``
+  overrides the ChatML-style one it ships);
 - ``guarded``: the shipped model again with ``--api-key``, ``--max-waiting 1`` and one slot, so
-  429, 401 and "no chat template" can be provoked deterministically;
+  429 and 401 can be provoked deterministically, and chat goes through its own template;
 - ``random``: a random Llama written by transformers (``hf_checkpoint``), no tokenizer, token ids
   in and out.
 
@@ -380,10 +381,35 @@ def test_body_over_limit_is_413(tiny):
     assert error_of(r, 413)["type"] == "RequestEntityTooLarge"
 
 
-def test_chat_without_template_is_400(guarded):
-    with pytest.raises(openai.BadRequestError) as e:
-        client(guarded, "sekrit").chat.completions.create(
-            model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+def test_the_shipped_model_chats_through_its_own_template(guarded):
+    out = client(guarded, "sekrit").chat.completions.create(
+        model=NAME, messages=[{"role": "system", "content": "Be brief."},
+                              {"role": "user", "content": "hi"}],
+        max_tokens=2, temperature=0, extra_body={"return_token_ids": True})
+    prompt = guarded.engine.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+    assert prompt == ("<|begin_of_text|><|im_start|>system\nBe brief.<|im_end|>\n"
+                      "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert out.usage.prompt_tokens == len(out.prompt_token_ids)
+
+
+def test_chat_without_template_is_400(tmp_path):
+    """A checkpoint without a template (the shipped one, its template taken out): a 400 that
+    says how to give one, never a 500."""
+    import shutil
+
+    from nanoserve.config import DEFAULT_MODEL
+
+    folder = tmp_path / "no-template"
+    shutil.copytree(DEFAULT_MODEL, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    (folder / "model.safetensors").symlink_to(DEFAULT_MODEL / "model.safetensors")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    engine = AsyncLLM.from_options(folder, dtype="float32", max_num_seqs=1)
+    with ServerThread(build_app(engine, NAME)) as s:
+        with pytest.raises(openai.BadRequestError) as e:
+            client(s).chat.completions.create(
+                model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert "--chat-template" in e.value.message and e.value.param == "messages"
 
 

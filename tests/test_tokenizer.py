@@ -103,3 +103,27 @@ def test_chat_template_errors_are_value_errors(tok_dir, tmp_path):
     (tmp_path / "tokenizer.json").write_text((tok_dir / "tokenizer.json").read_text())
     with pytest.raises(ValueError, match="no chat_template"):
         Tokenizer.from_dir(tmp_path).apply_chat_template([{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("template,words", [
+    ("{% for m in messages %}{{ m['content'] }{% endfor %}", "does not parse: line 1"),
+    ("{{ no_such_function() }}", "UndefinedError"),
+    ("{{ 'a' + 1 }}", "TypeError"),
+    ("{{ 1 // 0 }}", "ZeroDivisionError"),
+    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "chat template failed"),  # the sandbox
+    ("{{ raise_exception('System role not supported') }}", "System role not supported"),
+])
+def test_every_template_failure_is_a_value_error_that_says_which(tok_dir, template, words):
+    tok = Tokenizer.from_dir(tok_dir)
+    tok.chat_template = template
+    with pytest.raises(ValueError, match=words):
+        tok.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_strftime_now_and_the_special_tokens_reach_the_template(tok_dir):
+    from datetime import datetime
+
+    tok = Tokenizer.from_dir(tok_dir)
+    tok.chat_template = "{{ bos_token }}{{ strftime_now('%Y') }}{{ eos_token }}"
+    year = datetime.now().strftime("%Y")
+    assert tok.apply_chat_template([]) == f"<|begin_of_text|>{year}<|eot_id|>"

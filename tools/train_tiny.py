@@ -31,6 +31,16 @@ from nanoserve.model.llama import Llama
 from nanoserve.model.weights import save_checkpoint
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+# ChatML's layout (<|im_start|>role ... <|im_end|>), this project's text. The markers are plain
+# text to this vocabulary (it has no token for them), and the model never saw a chat: the
+# template lets chat clients talk to it, not chat well.
+CHAT_TEMPLATE = ("{{- bos_token }}\n"
+                 "{%- for message in messages %}\n"
+                 "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                 "'<|im_end|>\\n' }}\n"
+                 "{%- endfor %}\n"
+                 "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+                 "{%- endif %}\n")
 
 
 def corpus() -> tuple[list[str], list[str]]:
@@ -146,7 +156,8 @@ def main() -> None:
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
-        "add_bos_token": True, "model_max_length": cfg.max_position_embeddings}, indent=2) + "\n")
+        "add_bos_token": True, "model_max_length": cfg.max_position_embeddings,
+        "chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 0, "eos_token_id": 1}, indent=2) + "\n")
     log = {

@@ -3,8 +3,8 @@
     python chapters/day48_soak/diagram.py
 
 writes build/figures/day48_soak/soak.png. Left: the 10,000 jobs of
-``make_jobs(10000, seed=0, disconnect_rate=0.2)`` (the long run's workload, as drawn for the
-shipped model, which has no chat template) counted by kind: plain or streamed, read to the end
+``make_jobs(10000, seed=0, disconnect_rate=0.2, chat=False)`` (the long run's workload, drawn
+when the shipped model had no chat template) counted by kind: plain or streamed, read to the end
 or abandoned by its client, greedy or sampled. Right: the soak's shape, clients against a
 ``nanoserve serve`` process and the four checks made from outside it. Nothing is sent to a
 server and nothing is timed.

@@ -38,7 +38,8 @@ from nanoserve.bench.soak import make_jobs, run_soak, verdict
 # Each job is one request: streamed or not, greedy or sampled (temperature, `top_p`, `top_k`,
 # a seed, sometimes penalties), 1 to 24 tokens, and for about a fifth a client that leaves
 # early: a plain request cancelled 0 to 0.3 s after it is sent, a stream abandoned after 0 to
-# 4 chunks. The shipped model has no chat template, so every job is a completion.
+# 4 chunks. Every job here is a completion (`chat=False`): the mix this chapter was recorded with,
+# before the shipped model had a chat template.
 
 # %%
 jobs = make_jobs(60, seed=48, disconnect_rate=0.2, chat=False)
@@ -65,7 +66,7 @@ print(collections.Counter(("stream" if j.stream else "plain",
 # %%
 with one_thread():  # the offline reference runs in this process
     s = run_soak(requests=60, concurrency=12, disconnect_rate=0.2, seed=48,
-                 show_progress=False)
+                 show_progress=False, chat=False)
 for key in ("requests", "completed", "disconnected", "failed", "streamed", "greedy_completed",
             "mismatches", "leaked_blocks_frac", "running_at_end", "waiting_at_end",
             "stuck_requests", "settled_within_s", "rss_after_1000_mb", "rss_end_mb",

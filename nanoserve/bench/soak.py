@@ -53,7 +53,7 @@ WORDS = ("the for statement while class tuple list import return yield lambda ob
 
 def make_jobs(n: int, seed: int, disconnect_rate: float, max_tokens: int = 24,
               chat: bool = True) -> list[Job]:
-    """The seeded mix; ``chat=False`` for a model without a chat template (the shipped one)."""
+    """The seeded mix; ``chat=False``: completions only (a model without a chat template)."""
     rng = random.Random(seed)
     jobs = []
     for i in range(n):
@@ -206,16 +206,18 @@ def reference_texts(jobs: list[Job], model_dir) -> dict[int, str]:
 
 
 def run_soak(requests: int = 10_000, concurrency: int = 64, disconnect_rate: float = 0.2,
-             seed: int = 0, model=None, max_num_seqs: int = 8, show_progress: bool = True
-             ) -> dict:
+             seed: int = 0, model=None, max_num_seqs: int = 8, show_progress: bool = True,
+             chat: bool | None = None) -> dict:
+    """``chat``: mix in chat completions (None: where the model has a chat template)."""
     from rich.progress import Progress
 
     from nanoserve.bench.local_server import local_server
     from nanoserve.tokenizer import Tokenizer
 
     model_dir = Path(model) if model else DEFAULT_MODEL
-    has_template = Tokenizer.from_dir(model_dir).chat_template is not None
-    jobs = make_jobs(requests, seed, disconnect_rate, chat=has_template)
+    if chat is None:
+        chat = Tokenizer.from_dir(model_dir).chat_template is not None
+    jobs = make_jobs(requests, seed, disconnect_rate, chat=chat)
     t0 = time.perf_counter()
     with local_server(model_dir, dtype="float32", max_num_seqs=max_num_seqs,
                       timeout_s=180.0) as server, \
@@ -276,6 +278,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disconnect-rate", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="mix in chat completions (default: where the model has a chat "
+                        "template; --no-chat: completions only, Day 48's recorded mix)")
     p.add_argument("--out", default=None, help="write the figures here as JSON")
 
 
@@ -284,7 +289,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     s = run_soak(args.requests, args.concurrency, args.disconnect_rate, args.seed, args.model,
-                 args.max_num_seqs)
+                 args.max_num_seqs, chat=args.chat)
     table = Table(title=f"soak: {s['requests']} requests, {s['concurrency']} clients, "
                         f"{s['model']} {s['dtype']}")
     table.add_column("figure")

@@ -27,6 +27,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 from nanoserve.config.cpus import check_spec
+from nanoserve.config.generation import GENERATION_SOURCES
 from nanoserve.config.registries import ATTENTION_CHOICES, BATCHING_POLICIES
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "checkpoints" / "nanoserve-tiny"
@@ -94,6 +95,10 @@ class EngineConfig:
     max_model_len: int | None = option(None, "the longest sequence, prompt plus output "
                                        "(default: the model's max_position_embeddings)",
                                        vllm="max_model_len", cli={"type": int})
+    generation_config: str = option("auto", "sampling defaults: auto reads the model folder's "
+                                    "generation_config.json, vllm ignores it, or a folder that "
+                                    "holds one; a request's own value wins",
+                                    vllm="generation_config")
     skip_tokenizer_init: bool = option(False, "load no tokenizer: prompts must be token ids, "
                                        "no chat", vllm="skip_tokenizer_init")
     # The cache and the batch.
@@ -189,6 +194,10 @@ class EngineConfig:
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device", f"device={self.device!r} but CUDA is not available on "
                                         f"this machine")
+        g = self.generation_config
+        if not isinstance(g, (str, Path)) or (g not in GENERATION_SOURCES and not Path(g).is_dir()):
+            raise ConfigError("generation_config", f"generation_config={g!r}: choose auto, vllm "
+                                                   f"or a folder that exists")
         if isinstance(self.dtype, str) and self.dtype not in DTYPES:
             raise ConfigError("dtype", f"dtype={self.dtype!r}; choose one of {DTYPES}")
         for name in ("block_size", "max_num_seqs", "num_kv_blocks", "max_num_batched_tokens"):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import uuid
 
 from fastapi import APIRouter, Request
-from jinja2 import TemplateError
 
 from nanoserve.entrypoints.openai.context import ServingContext, serving
 from nanoserve.entrypoints.openai.errors import ApiError
@@ -87,9 +86,10 @@ def chat_ids(ctx: ServingContext, messages: list[ChatMessage], add_generation_pr
             return tokenizer.encode(text, add_special_tokens=True)
         return tokenizer.apply_chat_template(
             rendered, add_generation_prompt=add_generation_prompt, tokenize=True)
-    except (TemplateError, ValueError, TypeError) as e:
-        raise ApiError(400, f"the chat template failed on these messages: {e}",
-                       "messages") from None
+    except ValueError as e:  # the tokenizer says which: no parse, the template's own raise, ...
+        raise ApiError(400, f"{e} (on these messages)", "messages") from None
+    except (TypeError, UnicodeError):  # text JSON carries but no tokenizer reads (a surrogate)
+        raise ApiError(400, "messages are not valid Unicode text", "messages") from None
 
 
 def chat_prompt(ctx: ServingContext, req: ChatCompletionRequest) -> list[int]:
@@ -106,7 +106,8 @@ async def create_chat_completion(request: Request):
         raise ApiError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     ids = chat_prompt(ctx, req)
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    mt = budget(ctx, len(ids), req.max_completion_tokens or req.max_tokens, name, None)
+    mt = budget(ctx, len(ids), req.max_completion_tokens or req.max_tokens, name,
+                ctx.sampling_defaults.get("max_tokens"))  # unset: generation_config's, or all
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     await compile_grammar(ctx, req)

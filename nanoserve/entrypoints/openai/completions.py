@@ -66,7 +66,8 @@ async def create_completion(request: Request):
     ctx = serving(request)
     arrival, req = await open_request(request, ctx, CompletionRequest)
     prompts = completion_prompts(ctx, req)
-    mts = [budget(ctx, len(ids), req.max_tokens, "max_tokens", DEFAULT_COMPLETION_TOKENS)
+    default = ctx.sampling_defaults.get("max_tokens", DEFAULT_COMPLETION_TOKENS)
+    mts = [budget(ctx, len(ids), req.max_tokens, "max_tokens", default)
            for ids in prompts]
     rid = f"cmpl-{uuid.uuid4().hex}"
     await compile_grammar(ctx, req)

@@ -31,6 +31,9 @@ class ServingContext:
     max_body_bytes: int
     api_key: str | None
     state: object  # the app's starlette State: ready, draining, drain_timeout
+    # generation_config.json's sampling defaults, by SamplingParams' names: a request's unset
+    # field takes them (vLLM's --generation-config auto)
+    sampling_defaults: dict
 
     @classmethod
     def build(cls, engine, served_model_name: str, state, api_key: str | None = None,
@@ -43,7 +46,8 @@ class ServingContext:
         return cls(engine=engine, served_model_name=served_model_name, tokenizer=tokenizer,
                    render=Render(tokenizer), metrics=ServerMetrics(engine, served_model_name),
                    max_model_len=engine.max_model_len, vocab_size=engine.vocab_size,
-                   max_body_bytes=max_body_bytes, api_key=api_key, state=state)
+                   max_body_bytes=max_body_bytes, api_key=api_key, state=state,
+                   sampling_defaults=dict(getattr(engine, "generation_defaults", {})))
 
 
 def serving(request: Request) -> ServingContext:

@@ -180,18 +180,20 @@ def structured(req) -> tuple[StructuredOutputsParams | None, str]:
 
 
 def sampling(req, max_tokens: int | None, logprobs: int | None, seed: int | None,
-             names: dict[str, str]) -> SamplingParams:
+             names: dict[str, str], defaults: dict | None = None) -> SamplingParams:
     """The request's ``SamplingParams``; a refusal names the wire field (``names`` maps
-    ``SamplingParams``' names to the endpoint's where they differ)."""
+    ``SamplingParams``' names to the endpoint's where they differ). A field the request does
+    not set takes ``defaults`` (the checkpoint's generation_config.json), then vLLM's."""
     kw = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=seed,
               stop=req.stop, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
               skip_special_tokens=req.skip_special_tokens, min_p=req.min_p,
               presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
               repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens,
               logprobs=logprobs, structured_outputs=structured(req)[0])
-    try:  # None: the field was not sent, so SamplingParams' default (vLLM's) applies
-        return SamplingParams(max_tokens=max_tokens,
-                              **{k: v for k, v in kw.items() if v is not None})
+    sent = {k: v for k, v in kw.items() if v is not None}  # None: the field was not sent
+    base = {k: v for k, v in (defaults or {}).items() if k != "max_tokens"}  # budget()'s
+    try:
+        return SamplingParams(max_tokens=max_tokens, **{**base, **sent})
     except ValueError as e:
         err = as_api_error(e)
         err.param = names.get(err.param, err.param)
@@ -228,7 +230,7 @@ def jobs_for(ctx: ServingContext, rid: str, req, prompts: list[list[int]],
             seed = None if req.seed is None else req.seed + j  # differ, yet replay
             if seed is not None and seed >= 2**64:
                 seed -= 2**64  # torch takes seeds below 2**64
-            sp = sampling(req, mt, logprobs, seed, names)
+            sp = sampling(req, mt, logprobs, seed, names, ctx.sampling_defaults)
             jobs.append((f"{rid}-{p * req.n + j}", ids, sp))
     engine = ctx.engine
     limit = getattr(engine, "max_waiting", None)
