@@ -29,18 +29,6 @@ CONFIGS: dict[str, dict] = {
     "head_dim": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32),
     "bias": dict(num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
                  mlp_bias=True),
-    # Gemma 3: local layers (a window of 4) between global ones, head_dim 32 where hidden /
-    # heads is 16, a query_pre_attn_scalar that is not head_dim (a quarter: q is scaled by 2,
-    # exactly), linear RoPE scaling on the global layers' own base, soft-capped logits
-    "gemma3": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                   num_hidden_layers=4, sliding_window=4, query_pre_attn_scalar=8,
-                   layer_types=["sliding_attention", "full_attention", "sliding_attention",
-                                "full_attention"],
-                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
-                                                       "rope_theta": 100_000.0},
-                                    "sliding_attention": {"rope_type": "default",
-                                                          "rope_theta": 10_000.0}},
-                   final_logit_softcapping=5.0),
 }
 # the vision tower of a multimodal Gemma 3 (family="gemma3-vision"): as small as it builds
 TINY_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -94,7 +82,21 @@ VARIANTS: dict[str, dict[str, dict]] = {"phi3": {
         num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.75,
         tie_word_embeddings=True, original_max_position_embeddings=16,
         rope_scaling=longrope_factors(6, seed=1)),
+}, "gemma3": {
+    # Gemma 3: local layers (a window of 4) between global ones, head_dim 32 where hidden /
+    # heads is 16, a query_pre_attn_scalar that is not head_dim (a quarter: q is scaled by 2,
+    # exactly), linear RoPE scaling on the global layers' own base, soft-capped logits
+    "gemma3": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                   num_hidden_layers=4, sliding_window=4, query_pre_attn_scalar=8,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                "full_attention"],
+                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                       "rope_theta": 100_000.0},
+                                    "sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 10_000.0}},
+                   final_logit_softcapping=5.0),
 }}
+VARIANTS["gemma3-vision"] = VARIANTS["gemma3"]  # its language model is a gemma3's
 
 
 def write_hf_checkpoint(path: str | Path, name: str = "gqa", seed: int = 0,

@@ -1,6 +1,6 @@
 """Gemma 3 against transformers' own classes, on checkpoints they wrote.
 
-The checkpoint (``testing.CONFIGS["gemma3"]``): 4 layers, local (a window of 4 tokens, shorter
+The checkpoint (``testing.VARIANTS["gemma3"]``): 4 layers, local (a window of 4 tokens, shorter
 than two of the three prompts) and global alternating, head_dim 32 where hidden / heads is 16,
 ``query_pre_attn_scalar`` 8 (q's factor 2, exact), linear RoPE scaling on the global layers'
 base and another base on the local ones, a final logit soft-cap, and random norm weights, so

@@ -169,8 +169,8 @@ def test_a_family_that_does_not_declare_it_is_refused(case, monkeypatch):
 
 
 class _Unhinted(llama_mod.Llama):  # a family whose MLP forgot to say how down is cut
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, max_model_len=None):
+        super().__init__(cfg, max_model_len)
         for layer in self.layers:
             layer.mlp.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
@@ -180,8 +180,8 @@ class _ScaledEmbedding(nn.Embedding):
 
 
 class _OwnEmbedding(llama_mod.Llama):  # a family whose embedding module adds something
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, max_model_len=None):
+        super().__init__(cfg, max_model_len)
         self.embed_tokens = _ScaledEmbedding(cfg.vocab_size, cfg.hidden_size)
 
 
