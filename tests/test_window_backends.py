@@ -64,25 +64,27 @@ def checkpoints(hf_checkpoint):
 _expected: dict = {}
 
 
-def transformers_greedy(path) -> list[tuple[list[int], list[torch.Tensor]]]:
+def transformers_greedy(path, prompts=PROMPTS) -> list[tuple[list[int], list[torch.Tensor]]]:
     """Each prompt's greedy tokens and every step's logits, by transformers (cached)."""
-    if path not in _expected:
+    key = (path, tuple(map(tuple, prompts)))
+    if key not in _expected:
         ref, out = load_hf_model(path), []
         ref.generation_config.eos_token_id = None
-        for p in PROMPTS:
+        for p in prompts:
             with torch.no_grad():
                 g = ref.generate(torch.tensor([p]), max_new_tokens=STEPS, do_sample=False,
                                  pad_token_id=0, output_logits=True, return_dict_in_generate=True)
             out.append((g.sequences[0, len(p):].tolist(), [lg[0].float() for lg in g.logits]))
-        _expected[path] = out
-    return _expected[path]
+        _expected[key] = out
+    return _expected[key]
 
 
-def serve(path, attention: str, block_size: int, path_kw: dict, monkeypatch,
+def serve(path, attention: str, block_size: int, path_kw: dict, monkeypatch, prompts=PROMPTS,
           **kw) -> tuple[list[list[int]], list[list[torch.Tensor]], LLM]:
     """All prompts through one engine: each prompt's tokens and the logits each was sampled
-    from (recorded where the engine samples, whatever step kind produced them)."""
-    seen: dict[tuple, list[torch.Tensor]] = {tuple(p): [] for p in PROMPTS}
+    from (recorded where the engine samples, whatever step kind produced them; a preempted
+    request's recomputed steps are recorded again)."""
+    seen: dict[tuple, list[torch.Tensor]] = {tuple(p): [] for p in prompts}
     real = engine_mod.sample_requests
 
     def recording(logits, requests):
@@ -94,12 +96,12 @@ def serve(path, attention: str, block_size: int, path_kw: dict, monkeypatch,
     llm = LLM(str(path), dtype="float32", skip_tokenizer_init=True, attention=attention,
               kernels=attention == "cpu", block_size=block_size, max_model_len=64,
               **path_kw, **kw)
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=STEPS,
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=STEPS,
                                                 ignore_eos=True))
     monkeypatch.setattr(engine_mod, "sample_requests", real)
     kv = llm.core.scheduler.kv_cache_manager
     assert kv.num_free == kv.num_blocks  # every block back in the pool after the drain
-    return [o.token_ids for o in outs], [seen[tuple(p)] for p in PROMPTS], llm
+    return [o.token_ids for o in outs], [seen[tuple(p)] for p in prompts], llm
 
 
 def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -149,6 +151,22 @@ def test_a_backend_without_its_windows_misses(checkpoints, monkeypatch, attentio
     monkeypatch.setattr(LLM, "__init__", without_windows)
     _, logits, _ = serve(ckpt, attention, 4, PATHS["chunked"], monkeypatch)
     assert max_diff(logits[2], expected[2][1]) > 1e-3  # 13 tokens, a window of 5
+
+
+SHARED = [9, 150, 4, 77, 11, 22, 33, 44, 1]  # two full blocks of 4 and one token
+PREFIXED = [[*SHARED, 2, 3], [*SHARED, 5, 6, 7, 8], [*SHARED, 250]]
+
+
+@pytest.mark.parametrize("attention", BACKENDS)
+def test_prefix_hits_and_preemption_keep_the_window(checkpoints, monkeypatch, attention):
+    """Prompts that share two cached blocks (a prefix hit: the rest is a continued chunk) in a
+    pool too small for two rows at once (preemption, then recompute): transformers' tokens."""
+    ckpt = checkpoints("gqa", 5)
+    expected = transformers_greedy(ckpt, PREFIXED)
+    tokens, _, llm = serve(ckpt, attention, 4, {"max_num_seqs": 2}, monkeypatch, PREFIXED,
+                           enable_prefix_caching=True, num_kv_blocks=7)
+    assert llm.stats.prefix_cache_hits > 0 and llm.stats.preemptions > 0
+    assert tokens == [t for t, _ in expected]
 
 
 @pytest.mark.parametrize("attention", BACKENDS)
