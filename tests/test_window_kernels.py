@@ -17,7 +17,7 @@ import importlib.util
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nanoserve.attention.causal import causal_attention
@@ -136,6 +136,9 @@ def test_decode_layers_refuses_a_window_list_of_another_length():
 @NO_TRITON
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**CASE, T=st.integers(1, 3), splits=st.sampled_from([1, 3]))
+@example(window=1, block_size=2, head_dim=8, hkv=1, group=1, lens=[2], seed=0, T=1, splits=3)
+@example(window=20, block_size=16, head_dim=32, hkv=2, group=4, lens=[300, 7], seed=1, T=1,
+         splits=8)  # split-K segments wholly before the window: they must weigh 0, not NaN
 def test_the_triton_kernel_reads_only_the_window(window, block_size, head_dim, hkv, group, lens,
                                                  seed, T, splits):
     """Decode rows (T = 1) and T query tokens at the end of each row (each with its own

@@ -26,7 +26,8 @@ so a program's first token is ``horizon - window`` (the horizon being the contex
 position + 1 with ``q_positions``). Its tiles start at the block holding that token, the tokens
 before it in that first block are masked, and no block wholly before it is read, not even its
 table entry: such a block may already be back in the pool. A split-K segment wholly before the
-window scores nothing and leaves a log-sum-exp of -inf, which the combine weighs 0.
+window runs no tile and leaves a log-sum-exp of -inf and a zero output, which the combine
+weighs 0.
 
 Worked example (block_size 4, row 0 holds blocks [7, 2], context 6)::
 
@@ -77,7 +78,9 @@ def _paged_attention_kernel(
     first = 0  # the first position this query sees
     if HAS_WINDOW:
         first = tl.maximum(length - window, 0)
-        lo = tl.maximum(lo, first // BLOCK_SIZE * BLOCK_SIZE)  # from the block that holds it
+        # from the block that holds it; a segment wholly before it runs no tile at all (a tile
+        # of masked tokens only would rescale by exp2(-inf - -inf), a NaN)
+        lo = tl.where(hi <= first, hi, tl.maximum(lo, first // BLOCK_SIZE * BLOCK_SIZE))
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
     n = tl.arange(0, BLOCK_N)
