@@ -53,8 +53,10 @@ def test_a_backend_serves_a_llama_shaped_model(name):
 @pytest.mark.parametrize("name", ATTENTION_PATHS)
 def test_choosing_a_backend_that_lacks_a_feature_is_refused_by_name(name, change, missing):
     spec = dataclasses.replace(SPEC, **change)
-    if name in ("reference", "gathered") and "sliding_window" in change:
-        assert selector.choose(name, True, spec) == name  # these two read windows
+    if "sliding_window" in change:  # every registered backend reads windows now
+        assert selector.choose(name, True, spec) == name
+        cls = type("NoWindow", (selector.backend_class(name),), {"sliding_window": False})
+        assert cls.unsupported(spec) == missing  # one that did not would be refused by name
         return
     with pytest.raises(ValueError, match=f"attention='{name}' cannot serve this model: it "
                                          f"does not support {missing}"):

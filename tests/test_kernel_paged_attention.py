@@ -4,7 +4,8 @@ On a CPU the kernels run under Triton's interpreter (``tests/conftest.py`` sets
 ``TRITON_INTERPRET=1`` before anything imports triton), in float32, relative error <= 1e-5:
 
 - every configuration of ``tools.kernel_aot.configurations()`` (GQA 1/2/5, head_dim
-  32/48/64, block sizes 1/4/16, one-pass and split-K, decode and prefill), over ragged contexts
+  32/48/64, block sizes 1/4/16, one-pass and split-K, decode and prefill, with and without a
+  sliding window), over ragged contexts
   from 1 token to several blocks, scattered and out-of-order block ids, and table entries past a
   row's end that are -1 (so a read past the end would fault);
 - a single row, a row of length 1, the split rule (deterministic in the batch shape);
@@ -75,8 +76,9 @@ def _rel(out, ref):
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
-def _reference(q, k, v, cells, pos, ctx):
-    return paged_attention_batched_reference(q.float(), k.float(), v.float(), cells, pos, ctx)
+def _reference(q, k, v, cells, pos, ctx, window=None):
+    return paged_attention_batched_reference(q.float(), k.float(), v.float(), cells, pos, ctx,
+                                             window)
 
 
 def _lens(block_size):
@@ -89,14 +91,17 @@ CPU_CONFIGS = [c for c in configurations(("float32",)) if c.tile == 16]
 
 @pytest.mark.parametrize("c", CPU_CONFIGS, ids=lambda c: (
     f"g{c.group}-d{c.head_dim}-bs{c.block_size}-{'split' if c.split else 'onepass'}"
-    f"-{'prefill' if c.has_pos else 'decode'}"))
+    f"-{'prefill' if c.has_pos else 'decode'}{'-window' if c.has_window else ''}"))
 def test_kernel_matches_reference(c):
+    """A windowed configuration reads a window of a block and 3 tokens: shorter than the
+    longest row, longer than the others, its edge inside a block."""
     T = 3 if c.has_pos else 1
+    window = c.block_size + 3 if c.has_window else None
     q, k, v, tables, cells, pos, ctx = _case(_lens(c.block_size), c.block_size, 2, c.group,
                                              c.head_dim, T=T)
-    ref = _reference(q, k, v, cells, pos if c.has_pos else ctx[:, None] - 1, ctx)
+    ref = _reference(q, k, v, cells, pos if c.has_pos else ctx[:, None] - 1, ctx, window)
     out = paged_attention(q, k, v, tables, ctx, c.block_size, pos if c.has_pos else None,
-                          splits=3 if c.split else 1, tile=c.tile)
+                          splits=3 if c.split else 1, tile=c.tile, window=window)
     assert out.shape == ref.shape and out.dtype == q.dtype
     assert _rel(out, ref) <= 1e-5
 

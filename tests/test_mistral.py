@@ -7,7 +7,8 @@ the window's edge) and the uncached forward. The gathered mapping (``attention="
 held to the same bounds on the whole and chunked paths, and its decode read is checked against
 the rectangle's with chunks of 4 cells, so the window's edge falls inside and across chunks. The
 same checkpoint with its window removed gives other logits, and a gathered decode read that
-dropped the window would fail, so a path that ignored it is caught. The C++ kernel refuses it.
+dropped the window would fail, so a path that ignored it is caught. The C++ and Triton kernels
+read it too (``tests/test_window_backends.py``); ``auto`` with the C++ ops picks the C++ kernel.
 """
 
 from __future__ import annotations
@@ -154,8 +155,6 @@ def test_the_gathered_decode_read_windows_by_position(window):
         assert ((got[r] - full[r]).abs().max().item() > 1e-4) == (window < c)
 
 
-@pytest.mark.parametrize("attention", ["cpu", "auto"])
-def test_other_backends_refuse_the_window(windowed, attention):
-    with pytest.raises(ValueError, match=rf"attention='\w+' .*sliding window of {WINDOW}"):
-        LLM(str(windowed), dtype="float32", skip_tokenizer_init=True, attention=attention,
-            kernels=True)
+def test_auto_serves_the_window_through_the_cpu_kernel(windowed):
+    llm = LLM(str(windowed), dtype="float32", skip_tokenizer_init=True, kernels=True)
+    assert llm.engine.cache.attention == "cpu"

@@ -56,10 +56,12 @@ class KernelConfig:
     tile: int  # the ``tile`` argument of paged_attention
     has_pos: bool  # prefill (causal horizons) or decode
     split: bool
+    has_window: bool = False  # a sliding window (its size is a runtime argument)
 
 
 GROUPS, HEAD_DIMS, BLOCK_SIZES = (1, 2, 5), (32, 48, 64), (1, 4, 16)
 ENGINE_SHAPES = ((4, 8, 4), (2, 32, 4), (4, 64, 16), (4, 128, 16))  # (G, D, block_size)
+WINDOWED_SHAPE = (4, 128, 16)  # Mistral-7B's decode: G 4, D 128, 16-token blocks, a window
 
 
 def configurations(dtypes=tuple(_TY)) -> list[KernelConfig]:
@@ -71,15 +73,21 @@ def configurations(dtypes=tuple(_TY)) -> list[KernelConfig]:
     of two axes meets somewhere. Then the engine's decode shapes (the tests' checkpoints: G 4
     D 8 and G 2 D 32 on 4-token blocks; Llama-3.2-1B and -3B: G 4, D 64 and D 128 on 16-token
     blocks) with the default 64-token tile, one-pass and split (the engine never prefills
-    through the kernel)."""
+    through the kernel). A sliding window is one more compiled variant (``HAS_WINDOW``): each
+    (dtype, split, prefill) combination also compiles the k-th triple windowed, and the engine's
+    windowed decode shape (``WINDOWED_SHAPE``) with the 64-token tile."""
     out = []
     combos = itertools.product(dtypes, (False, True), (False, True))
     for k, (dtype, split, has_pos) in enumerate(combos):
         for i in range(3):
             g, d, bs = GROUPS[i], HEAD_DIMS[(i + k) % 3], BLOCK_SIZES[(i + 2 * k) % 3]
             out.append(KernelConfig(dtype, g, d, bs, 16, has_pos, split))
+        i = k % 3
+        out.append(KernelConfig(dtype, GROUPS[i], HEAD_DIMS[(i + k) % 3],
+                                BLOCK_SIZES[(i + 2 * k) % 3], 16, has_pos, split, True))
         if not has_pos:
             out += [KernelConfig(dtype, g, d, bs, 64, False, split) for g, d, bs in ENGINE_SHAPES]
+            out.append(KernelConfig(dtype, *WINDOWED_SHAPE, 64, False, split, True))
     return out
 
 
@@ -93,13 +101,13 @@ def compile_attention(c: KernelConfig, target: GPUTarget = H200):
     out_ty = "fp32" if c.split else ty
     sig = {"q_ptr": f"*{ty}", "k_ptr": f"*{ty}", "v_ptr": f"*{ty}", "bt_ptr": "*i64",
            "ctx_ptr": "*i64", "pos_ptr": "*i64", "out_ptr": f"*{out_ty}", "lse_ptr": "*fp32",
-           "sm_scale": "fp32", "T": "i32", "seg_len": "i32"}
+           "sm_scale": "fp32", "T": "i32", "seg_len": "i32", "window": "i32"}
     for name in _paged_attention_kernel.arg_names:
         if name.startswith("stride_"):
             sig[name] = "i32"
     const = dict(BLOCK_SIZE=c.block_size, G=c.group, G_PAD=_pow2(c.group), D=c.head_dim,
                  D_PAD=_pow2(c.head_dim), BLOCK_N=tile_tokens(c.block_size, c.tile),
-                 HAS_POS=c.has_pos, SPLIT=c.split,
+                 HAS_POS=c.has_pos, HAS_WINDOW=c.has_window, SPLIT=c.split,
                  DOT_PRECISION="ieee" if c.dtype == "float32" else "tf32")
     sig.update(dict.fromkeys(const, "constexpr"))
     return triton.compile(ASTSource(_paged_attention_kernel, sig, const), target=target)

@@ -14,7 +14,9 @@ matmuls at decode sizes. This forward keeps every matmul (plain or packed) and r
 - SiLU-and-multiply writes the MLP's product straight into one buffer;
 - at decode size, where every linear takes the small-M kernel and the cache reads through the C++
   kernel, the whole layer loop is one op (``decode_layers``, csrc/decode_layers.cpp): the same
-  calls in the same order, without the interpreter between them, so the same bits.
+  calls in the same order, without the interpreter between them, so the same bits. Each
+  layer's sliding window (Mistral's) goes with it (``windows``, 0 for a global layer); a model
+  with no window passes none, and its call is what it was.
 
 float32 results differ from the reference only where a sum is taken in another order (the
 norm's sum of squares, the attention's dot products), so greedy tokens match. bf16 rounds at the
@@ -78,8 +80,10 @@ def layer_weights(model) -> dict | None:
             rows.append(m.method.rows)
         lists["norm1"].append(layer.input_layernorm.weight)
         lists["norm2"].append(layer.post_attention_layernorm.weight)
+    windows = [w or 0 for w in getattr(model, "windows", ())]
     return {"lists": lists, "rows": min(rows, default=0),
-            "dtype": lists["qkv_w"][0].dtype if rows else None}
+            "dtype": lists["qkv_w"][0].dtype if rows else None,
+            "windows": windows if any(windows) else None}
 
 
 def _decode_layers(model, residual, cos, sin, backend, cells) -> torch.Tensor | None:
@@ -96,9 +100,11 @@ def _decode_layers(model, residual, cos, sin, backend, cells) -> torch.Tensor | 
     attn = model.layers[0].self_attn
     res = residual.view(B, E)
     h = torch.empty_like(res)
+    windows = weights.get("windows")  # each layer's window, 0: none; None: no layer has one
     ops.decode_layers(h, res, *weights["lists"].values(), cos, sin, backend.k, backend.v,
                       cells, blocks, context_lens, backend.block_size, attn.hq, attn.hkv,
-                      model.layers[0].mlp.i, cfg.rms_norm_eps, attn.d ** -0.5)
+                      model.layers[0].mlp.i, cfg.rms_norm_eps, attn.d ** -0.5,
+                      *([windows] if windows else []))
     return h.view(B, T, E)
 
 

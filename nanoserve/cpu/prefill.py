@@ -18,6 +18,11 @@ gathered the row's whole context into a rectangle.
     tables, ctx = token_tables(step.write_flat, step.packed_lens, fresh, block_size)
     out = attend_prompts(q, k_pool, v_pool, tables, ctx, block_size)   # (1, Hq, N, D)
     tables, ctx = chunk_tables(row_cells, start, n, block_size)        # a continued chunk
+
+A layer with a sliding window passes it on (``window=``): each token, a decode row of context
+``p + 1``, then reads positions ``p + 1 - window .. p`` only, and the kernel never touches a block
+wholly before its window, so a continued chunk's table may name blocks that already went back
+to the pool (``chunk_tables`` checks only the blocks the chunk's first token can see).
 """
 
 from __future__ import annotations
@@ -48,25 +53,29 @@ def token_tables(cells: torch.Tensor, lens: list[int], fresh: list[bool],
     return tables, ctx
 
 
-def chunk_tables(row_cells: torch.Tensor, start: int, n: int,
-                 block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def chunk_tables(row_cells: torch.Tensor, start: int, n: int, block_size: int,
+                 window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A continued chunk (a prompt's later tokens, or a prompt after a prefix-cache hit): its
     ``n`` new tokens at positions ``start`` .. ``start + n - 1`` of a row whose cells by
     position are ``row_cells`` (at least ``start + n``). Each token's table is the row's
-    blocks, (n, W) int64, and its context its position + 1, (n,) int64."""
+    blocks, (n, W) int64, and its context its position + 1, (n,) int64. With a ``window``
+    the blocks before the first token's window are not checked: the kernel never reads them."""
     firsts = row_cells[:start + n:block_size]  # (W,) the cell of each block's first position
-    if bool((firsts % block_size).any()):
+    seen = 0 if window is None else max(0, start + 1 - window) // block_size
+    if bool((firsts[seen:] % block_size).any()):
         raise ValueError("a row's cells must start each of its blocks")
     tables = (firsts // block_size)[None].expand(n, -1).contiguous()
     return tables, torch.arange(start + 1, start + n + 1)
 
 
 def attend_prompts(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                   tables: torch.Tensor, ctx: torch.Tensor, block_size: int) -> torch.Tensor:
+                   tables: torch.Tensor, ctx: torch.Tensor, block_size: int,
+                   window: int | None = None) -> torch.Tensor:
     """q (1, Hq, n, D) of fresh prompts' tokens, their K/V already in the pools (cells, Hkv, D);
-    ``tables`` (n, W) and ``ctx`` (n,) from ``token_tables`` -> (1, Hq, n, D)."""
+    ``tables`` (n, W) and ``ctx`` (n,) from ``token_tables`` -> (1, Hq, n, D). A ``window``:
+    each token sees its last ``window`` positions only."""
     qc = q[0].transpose(0, 1).contiguous()  # (n, Hq, D): each token a decode row
     out = torch.empty_like(qc)
     torch.ops.nanoserve.paged_decode_attention(out, qc, k_pool, v_pool, tables, ctx, block_size,
-                                               q.shape[-1] ** -0.5)
+                                               q.shape[-1] ** -0.5, window or 0)
     return out.transpose(0, 1)[None]  # (1, Hq, n, D)

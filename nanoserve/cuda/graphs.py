@@ -16,7 +16,11 @@ to the recording, not the other way round:
   a step whose rows are exactly ``0..n-1``: ``rows_are_a_prefix``, which is
   ``buckets.is_compact`` (the persistent batch keeps it true; Day 58);
 - a **padded row** (``n <= i < b``) reads nothing (context length 0) and writes no cell of its
-  own: it repeats row 0's write, same cell and same bytes, so the duplicate is harmless.
+  own: it repeats row 0's write, same cell and same bytes, so the duplicate is harmless;
+- a layer's **sliding window** (Mistral's) reaches the recorded read as a number fixed per layer
+  (``window_read(..., window=)``); what it masks is by each row's position, which is in the
+  static buffers, so one recording serves every step. The gathered mapping's chunks start at
+  fixed positions (chunk ``k`` of a row holds ``k*C ..``), kept as ``chunk_pos``.
 
 On CUDA each bucket's window is captured into a ``torch.cuda.CUDAGraph``, largest first, all
 sharing one memory pool, after a warm-up run of each. Without CUDA the very same window code runs
@@ -90,26 +94,31 @@ class StaticBuffers:
     NAMES = ("ids", "positions", "write_cells", "src_rows", "context_lens")
 
     def __init__(self, rows: int, hidden_size: int, max_context: int, dtype: torch.dtype,
-                 device: torch.device, chunk: int | None = None):
+                 device: torch.device, chunk: int | None = None, windowed: bool = False):
         """``chunk``: keep Day 50's gathered mapping, ``chunk`` cells a chunk (None: the
-        window reads the rectangle of the slot table's first rows)."""
+        window reads the rectangle of the slot table's first rows); ``windowed``: some layer
+        has a sliding window, so the mapping keeps each chunk's first position too."""
         self.rows, self.chunk = rows, chunk
         self.inputs = torch.zeros(5, rows, dtype=torch.long, device=device)  # (5, R)
         self.ids, self.positions, self.write_cells, self.src_rows, self.context_lens = (
             self.inputs.unbind(0))  # each (R,)
         self.hidden = torch.zeros(rows, hidden_size, dtype=dtype, device=device)  # (R, E)
         self.chunks_per_row = -(-max_context // chunk) if chunk else 0
-        self.gathered = self.chunk_b = None
+        self.gathered = self.chunk_b = self.chunk_pos = None
         if chunk:  # (R, nch * C) cells, -1 past each row's context; (R * nch,) owner row
             self.gathered = torch.full((rows, self.chunks_per_row * chunk), -1,
                                        dtype=torch.long, device=device)
             self.chunk_b = torch.arange(rows, device=device).repeat_interleave(
                 self.chunks_per_row)
+        if chunk and windowed:  # (R * nch,) each chunk's first position: what a window masks by
+            self.chunk_pos = torch.arange(self.chunks_per_row, device=device).repeat(rows) * chunk
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"inputs": self.inputs, "hidden": self.hidden}
         if self.gathered is not None:
             out |= {"gathered": self.gathered, "chunk_b": self.chunk_b}
+        if self.chunk_pos is not None:
+            out["chunk_pos"] = self.chunk_pos
         return out
 
     def addresses(self) -> dict[str, int]:
@@ -136,9 +145,12 @@ class _WindowBackend:
         if buf.gathered is not None:
             nch = buf.chunks_per_row
             gathered = (buf.gathered[:b].view(b * nch, buf.chunk),  # (b * nch, C)
-                        buf.chunk_b[:b * nch])  # (b * nch,)
+                        buf.chunk_b[:b * nch],  # (b * nch,)
+                        None if buf.chunk_pos is None else buf.chunk_pos[:b * nch])
+        windows = getattr(cache, "windows", ())
         return cache.backend.window_read(q, kp, vp, cache.slots.cells[:b], positions,
-                                         buf.context_lens[:b], gathered)
+                                         buf.context_lens[:b], gathered,
+                                         windows[layer] if windows else None)
 
 
 class DecodeGraphs:
@@ -161,7 +173,8 @@ class DecodeGraphs:
         self.max_context = cache.max_model_len  # the longest context a window may meet
         self.buffers = StaticBuffers(self.sizes[-1], model.cfg.hidden_size, self.max_context,
                                      model.embed_tokens.weight.dtype, cache.device,
-                                     cache.backend.window_chunk)
+                                     cache.backend.window_chunk,
+                                     any(w is not None for w in getattr(cache, "windows", ())))
         self._col = torch.arange(self.max_context, device=cache.device)  # (L,)
         self._fn = self._window
         if compile:

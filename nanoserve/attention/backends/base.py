@@ -178,11 +178,9 @@ class AttentionBackend:
     def prompts(self, q, k, v, kp, vp, step: StepLayout, b: int, e: int,
                 s: int) -> torch.Tensor:
         """Fresh prompts ``b .. e-1`` of a packed step, tokens ``s ..`` of its stream, each
-        attending to itself: q (1, Hq, n, D) over their own new k/v (1, Hkv, n, D)."""
-        if self.window is not None:
-            raise ValueError(f"attention={self.name!r}: packed prompts do not read a sliding "
-                             f"window of {self.window} tokens")
-        return packed_prefill_attention(q, k, v, step.packed_lens[b:e])
+        attending to itself (through this layer's window, where it has one): q (1, Hq, n, D)
+        over their own new k/v (1, Hkv, n, D)."""
+        return packed_prefill_attention(q, k, v, step.packed_lens[b:e], self.window)
 
     def rows(self, qd, kp, vp, positions, step: StepLayout, b: int, e: int) -> torch.Tensor:
         """Rows ``b .. e-1`` of a packed step, one token each (decodes riding along):
@@ -228,10 +226,10 @@ class AttentionBackend:
         return out
 
     def window_read(self, q, kp, vp, slot_cells, positions, context_lens,
-                    gathered: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                    gathered: tuple[torch.Tensor, ...] | None = None,
+                    window: int | None = None) -> torch.Tensor:
         """A graph window's decode read over its static buffers: q (b, Hq, 1, D), the first
-        ``b`` rows of the slot table (b, L) -> (b, Hq, 1, D)."""
-        if any(w is not None for w in self.windows):
-            raise ValueError(f"attention={self.name!r}: CUDA graph windows do not read a "
-                             f"sliding window of {max(w or 0 for w in self.windows)} tokens")
-        return paged_attention_batched_reference(q, kp, vp, slot_cells, positions, context_lens)
+        ``b`` rows of the slot table (b, L) -> (b, Hq, 1, D), through the layer's sliding
+        ``window`` where it has one (masked by position, as every rectangle read is)."""
+        return paged_attention_batched_reference(q, kp, vp, slot_cells, positions, context_lens,
+                                                 window)

@@ -6,6 +6,10 @@ table with no rectangle and no copy, and a prompt token is a decode row over its
 continued chunks, decode rows riding along a mixed step, and plain decode steps, whose block
 table the fused layer loop (``decode_layers``) reads too. Only Day 27's padded rectangle goes
 through the shared path.
+
+A layer's sliding window (Mistral's) is the kernel's ``window`` on every one of those reads: a
+row of context L reads positions L - window .. L - 1 and never a block before them, so a
+block that left the window may already be back in the pool.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class CPUBackend(AttentionBackend):
     dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16)
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     reads: ClassVar[tuple[str, ...]] = ("decode", "prefill")
+    sliding_window: ClassVar[bool] = True  # the kernel's window, on every read it makes
 
     def __init__(self, cache):
         if cache.device.type != "cpu":  # refused now, not mid-step
@@ -60,7 +65,8 @@ class CPUBackend(AttentionBackend):
                                      [x == 0 for x in step.starts], self.cache.block_size)
         tables, ctx = step.read
         n = q.shape[2]
-        return attend_prompts(q, kp, vp, tables[s:s + n], ctx[s:s + n], self.cache.block_size)
+        return attend_prompts(q, kp, vp, tables[s:s + n], ctx[s:s + n], self.cache.block_size,
+                              self.window)
 
     def rows(self, qd, kp, vp, positions, step, b, e) -> torch.Tensor:
         bs, ctx = self.cache.block_size, max(step.ctx[b:e])
@@ -70,13 +76,15 @@ class CPUBackend(AttentionBackend):
     def chunk(self, q, kp, vp, positions, step, b, s) -> torch.Tensor:
         """Each new token of the chunk a decode row over everything its row holds."""
         bs = self.cache.block_size
-        tables, ctx = chunk_tables(step.read_cells[b], step.starts[b], q.shape[2], bs)
-        return attend_prompts(q, kp, vp, tables, ctx, bs)
+        tables, ctx = chunk_tables(step.read_cells[b], step.starts[b], q.shape[2], bs,
+                                   self.window)
+        return attend_prompts(q, kp, vp, tables, ctx, bs, self.window)
 
     def _kernel(self, q, kp, vp, blocks, context_lens) -> torch.Tensor:
         """q (B, Hq, 1, D) through ``paged_decode_attention`` -> (B, Hq, 1, D)."""
         qc = q[:, :, 0].contiguous()  # (B, Hq, D)
         out = torch.empty_like(qc)
         torch.ops.nanoserve.paged_decode_attention(out, qc, kp, vp, blocks, context_lens,
-                                                   self.cache.block_size, q.shape[-1] ** -0.5)
+                                                   self.cache.block_size, q.shape[-1] ** -0.5,
+                                                   self.window or 0)
         return out[:, :, None]

@@ -31,7 +31,6 @@ from typing import ClassVar
 import torch
 
 from nanoserve.attention.backends.base import AttentionBackend
-from nanoserve.attention.causal import packed_prefill_attention
 
 GATHER_CHUNK = 32  # cells per chunk
 
@@ -254,15 +253,16 @@ class GatheredBackend(AttentionBackend):
         return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b, chunk_pos,
                                         positions[:, 0], self.window)[:, :, None]
 
-    def prompts(self, q, k, v, kp, vp, step, b, e, s) -> torch.Tensor:
-        """Fresh prompts, each over its own new keys, through this layer's window."""
-        return packed_prefill_attention(q, k, v, step.packed_lens[b:e], self.window)
-
-    def window_read(self, q, kp, vp, slot_cells, positions, context_lens, gathered=None):
-        if any(w is not None for w in self.windows):  # the static buffers hold no positions
-            return super().window_read(q, kp, vp, slot_cells, positions, context_lens)
-        cells, chunk_b = gathered
-        return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b)[:, :, None]
+    def window_read(self, q, kp, vp, slot_cells, positions, context_lens, gathered=None,
+                    window=None):
+        """The graph window's read: its static buffers hold each row's cells from position 0,
+        C a chunk, so a chunk's first position is its place in its row times C (``chunk_pos``);
+        the window masks by it as the decode read does."""
+        cells, chunk_b, chunk_pos = gathered
+        if window is None:
+            return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b)[:, :, None]
+        return paged_attention_gathered(q[:, :, 0], kp, vp, cells, chunk_b, chunk_pos,
+                                        positions[:, 0], window)[:, :, None]
 
     @classmethod
     def workspace_bytes(cls, context_lens, num_q_heads, num_kv_heads, head_dim, dtype_bytes,

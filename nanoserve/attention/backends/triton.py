@@ -5,6 +5,10 @@ its block table and keeps the softmax online, so a decode step materialises noth
 output. Prompts keep going through the shared packed path, which reads fresh K/V without the
 pool. Without CUDA the kernel runs under Triton's interpreter, which must be chosen before
 anything imports triton: ``prepare_process`` does that, before the model is built.
+
+A layer's sliding window (Mistral's) is the kernel's ``window``: a decode row skips every block
+before its window and masks inside the first one it keeps; the shared paths take it too (fresh
+prompts through ``packed_prefill_attention``, continued chunks through the rectangle).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from nanoserve.cuda.triton_mode import use_interpreter
 class TritonBackend(AttentionBackend):
     name = "triton"
     reads: ClassVar[tuple[str, ...]] = ("decode",)
+    sliding_window: ClassVar[bool] = True  # the kernel's window, and the shared paths'
 
     def __init__(self, cache):
         from nanoserve.cuda import kernels  # a missing Triton mode fails here, not mid-step
@@ -36,7 +41,7 @@ class TritonBackend(AttentionBackend):
 
     def decode(self, q, kp, vp, positions, step) -> torch.Tensor:
         return self._kernels.paged_attention(q, kp, vp, step.read, step.context_lens,
-                                             self.cache.block_size)
+                                             self.cache.block_size, window=self.window)
 
     @classmethod
     def workspace_bytes(cls, context_lens, num_q_heads, num_kv_heads, head_dim, dtype_bytes,

@@ -9,6 +9,12 @@
 // nothing of size (B, S) exists. A long context is cut into splits of kSplit tokens run in
 // parallel, each leaving (max, sum, acc) behind, combined per row at the end.
 //
+// A sliding window (window > 0; Mistral's, a layer's own) keeps the last `window` tokens of a
+// row: positions max(0, L - window) .. L - 1, so a query at i sees j with i - window < j <= i.
+// The splits then start at the window's first token, and no block below it is located,
+// prefetched or even checked: a block wholly outside the window may have gone back to the pool,
+// and its table entry may name a block another row now owns.
+//
 // In the engine the pools are cold: between two layers' reads the weights stream through the
 // cache. So a task locates and prefetches the K and V vectors kAhead tiles before it scores
 // them, and its inner loops keep accumulators in registers (per head and key while scoring, per
@@ -238,7 +244,8 @@ void attend_split(const T* q, const T* kpool, const T* vpool, const int64_t* blo
 
 void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_pool,
                             const at::Tensor& v_pool, const at::Tensor& block_table,
-                            const at::Tensor& context_lens, int64_t block_size, double scale) {
+                            const at::Tensor& context_lens, int64_t block_size, double scale,
+                            int64_t window) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && out.sizes() == q.sizes() &&
                   out.is_contiguous(),
               "paged_decode_attention: q and out must be contiguous (B, Hq, D), got ",
@@ -267,15 +274,18 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
   const at::Tensor lens_c = context_lens.contiguous();
   const int64_t* lens = lens_c.data_ptr<int64_t>();
   const int64_t* bt = block_table.data_ptr<int64_t>();
+  // Row b reads tokens first[b] .. lens[b] - 1: all of them, or the window's last ones.
+  std::vector<int64_t> first(B, 0);
   int64_t splits = 1;
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(lens[b] >= 1 && lens[b] <= W * block_size, "paged_decode_attention: row ", b,
                 " has context ", lens[b], "; its table addresses ", W * block_size, " tokens");
-    for (int64_t w = 0; w < (lens[b] + block_size - 1) / block_size; ++w)
+    if (window > 0) first[b] = std::max<int64_t>(0, lens[b] - window);
+    for (int64_t w = first[b] / block_size; w < (lens[b] + block_size - 1) / block_size; ++w)
       TORCH_CHECK(bt[b * W + w] >= 0 && (bt[b * W + w] + 1) * block_size <= cells,
                   "paged_decode_attention: row ", b, " names block ", bt[b * W + w],
                   ", outside the pool");
-    splits = std::max(splits, (lens[b] + kSplit - 1) / kSplit);
+    splits = std::max(splits, (lens[b] - first[b] + kSplit - 1) / kSplit);
   }
   // Partial results per (row, KV head, split): max and sum per query head, then G x D. A row
   // of one split needs none: its task divides and writes the output itself.
@@ -290,9 +300,9 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
       alignas(64) float own[kMaxGD + 128];  // m, l, acc of a row that has one split
       for (int64_t task = lo; task < hi; ++task) {
         const int64_t b = task / (Hkv * splits), h = task / splits % Hkv, sp = task % splits;
-        const int64_t t0 = sp * kSplit, t1 = std::min(lens[b], t0 + kSplit);
+        const int64_t t0 = first[b] + sp * kSplit, t1 = std::min(lens[b], t0 + kSplit);
         if (t0 >= t1) continue;
-        const bool alone = lens[b] <= kSplit;
+        const bool alone = lens[b] - first[b] <= kSplit;
         float* base = alone ? own : part.data() + task * stride;
         attend_split(qp + (b * Hq + h * G) * D, kp, vp, bt + b * W, block_size, Hkv, G, D, h,
                      t0, t1, (float)scale, base, base + G, base + 2 * G);
@@ -308,7 +318,8 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
     at::parallel_for(0, B * Hkv, 1, [&](int64_t lo, int64_t hi) {
       std::vector<float> o(D);
       for (int64_t bh = lo; bh < hi; ++bh) {
-        const int64_t b = bh / Hkv, h = bh % Hkv, used = (lens[b] + kSplit - 1) / kSplit;
+        const int64_t b = bh / Hkv, h = bh % Hkv;
+        const int64_t used = (lens[b] - first[b] + kSplit - 1) / kSplit;
         if (used == 1) continue;  // written by its task
         for (int64_t g = 0; g < G; ++g) {
           float M = -INFINITY, L = 0.f;

@@ -16,7 +16,8 @@
 //
 // so its result is fused.py's to the bit (tests/test_decode_layers.py holds them equal). It
 // runs only where every linear takes the small-M kernel at this batch size and the attention is
-// this library's paged kernel over a decode step's block table; fused.py decides, and runs its
+// this library's paged kernel over a decode step's block table, each layer through its own
+// sliding window where ``windows`` names one (0: none); fused.py decides, and runs its
 // own loop everywhere else. The buffers for q, the attention output, gate_up and the activation
 // are allocated once per call, not once per layer.
 #include <ATen/record_function.h>
@@ -41,7 +42,8 @@ void decode_layers(at::Tensor& h, at::Tensor& residual, at::TensorList norm1,
                    const at::Tensor& sin, at::Tensor& k_pools, at::Tensor& v_pools,
                    const at::Tensor& cells, const at::Tensor& block_table,
                    const at::Tensor& context_lens, int64_t block_size, int64_t num_heads,
-                   int64_t num_kv_heads, int64_t intermediate, double eps, double scale) {
+                   int64_t num_kv_heads, int64_t intermediate, double eps, double scale,
+                   at::IntArrayRef windows) {
   const int64_t L = static_cast<int64_t>(norm1.size());
   for (const at::TensorList& list : {norm2, qkv_w, o_w, gate_up_w, down_w})
     TORCH_CHECK(static_cast<int64_t>(list.size()) == L,
@@ -55,6 +57,9 @@ void decode_layers(at::Tensor& h, at::Tensor& residual, at::TensorList norm1,
               " and ", residual.sizes());
   TORCH_CHECK(k_pools.dim() == 4 && k_pools.size(0) == L && v_pools.sizes() == k_pools.sizes(),
               "decode_layers: pools must be (L, cells, Hkv, D) with L = ", L);
+  TORCH_CHECK(windows.empty() || static_cast<int64_t>(windows.size()) == L,
+              "decode_layers: windows must be empty or one per layer (", L, "), got ",
+              windows.size());
   const int64_t B = h.size(0), Hq = num_heads, Hkv = num_kv_heads, D = k_pools.size(3);
   TORCH_CHECK(k_pools.size(2) == Hkv, "decode_layers: the pools hold ", k_pools.size(2),
               " KV heads, not ", Hkv);
@@ -79,7 +84,8 @@ void decode_layers(at::Tensor& h, at::Tensor& residual, at::TensorList norm1,
     NANOSERVE_TIMED("rope_and_cache", rope_and_cache(q_in, k_in, v_in, cos, sin, kp, vp, cells))
     NANOSERVE_TIMED("paged_decode_attention", q.copy_(q_in);
                     paged_decode_attention(attn, q, kp, vp, block_table, context_lens,
-                                           block_size, scale))
+                                           block_size, scale,
+                                           windows.empty() ? 0 : windows[l]))
     NANOSERVE_TIMED("small_gemm", small_gemm(h, attn_2d, o_w[l], o_b.get(l)))
     NANOSERVE_TIMED("fused_add_rms_norm", fused_add_rms_norm(h, residual, norm2[l], eps))
     NANOSERVE_TIMED("small_gemm", small_gemm(gate_up, h, gate_up_w[l], gate_up_b.get(l)))

@@ -17,7 +17,8 @@ void rope_and_cache(at::Tensor& q, at::Tensor& k, const at::Tensor& v, const at:
                     const at::Tensor& cells);
 void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_pool,
                             const at::Tensor& v_pool, const at::Tensor& block_table,
-                            const at::Tensor& context_lens, int64_t block_size, double scale);
+                            const at::Tensor& context_lens, int64_t block_size, double scale,
+                            int64_t window = 0);
 
 void argmax_rows(at::Tensor& out, const at::Tensor& logits);
 
@@ -38,7 +39,7 @@ void decode_layers(at::Tensor& h, at::Tensor& residual, at::TensorList norm1,
                    at::Tensor& k_pools, at::Tensor& v_pools, const at::Tensor& cells,
                    const at::Tensor& block_table, const at::Tensor& context_lens,
                    int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
-                   int64_t intermediate, double eps, double scale);
+                   int64_t intermediate, double eps, double scale, at::IntArrayRef windows);
 
 std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpus);
 

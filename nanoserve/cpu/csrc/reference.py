@@ -37,14 +37,17 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return x * cos[:, None] + torch.cat((-x2, x1), dim=-1) * sin[:, None]
 
 
-def decode_attention_reference(q, k_pool, v_pool, block_table, context_lens, block_size):
-    """q (B, Hq, D) over each row's first context_lens[b] tokens, addressed by block_table."""
+def decode_attention_reference(q, k_pool, v_pool, block_table, context_lens, block_size,
+                               window: int = 0):
+    """q (B, Hq, D) over each row's first context_lens[b] tokens, addressed by block_table;
+    with ``window`` > 0 only the last ``window`` of them (positions max(0, L - window) .. L - 1),
+    and the table's entries for blocks wholly before those are never read."""
     B, Hq, D = q.shape
     Hkv = k_pool.shape[1]
     out = torch.empty_like(q)
     for b in range(B):
         n = int(context_lens[b])
-        p = torch.arange(n)
+        p = torch.arange(max(0, n - window) if window > 0 else 0, n)
         cells = block_table[b][p // block_size] * block_size + p % block_size
         keys, values = k_pool[cells].transpose(0, 1), v_pool[cells].transpose(0, 1)  # (Hkv, n, D)
         got = F.scaled_dot_product_attention(q[b].view(Hkv, Hq // Hkv, D).float(),

@@ -14,7 +14,8 @@ TORCH_LIBRARY(nanoserve, m) {
   m.def("rope_and_cache(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor cos, Tensor sin, "
         "Tensor(c!) k_pool, Tensor(d!) v_pool, Tensor cells) -> ()");
   m.def("paged_decode_attention(Tensor(a!) out, Tensor q, Tensor k_pool, Tensor v_pool, "
-        "Tensor block_table, Tensor context_lens, int block_size, float scale) -> ()");
+        "Tensor block_table, Tensor context_lens, int block_size, float scale, "
+        "int window=0) -> ()");
   m.def("argmax_rows(Tensor(a!) out, Tensor logits) -> ()");
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor rows, Tensor words) -> ()");
   m.def("small_gemm_available() -> bool");
@@ -27,7 +28,7 @@ TORCH_LIBRARY(nanoserve, m) {
         "Tensor?[] gate_up_b, Tensor[] down_w, Tensor?[] down_b, Tensor cos, Tensor sin, "
         "Tensor(c!) k_pools, Tensor(d!) v_pools, Tensor cells, Tensor block_table, "
         "Tensor context_lens, int block_size, int num_heads, int num_kv_heads, "
-        "int intermediate, float eps, float scale) -> ()");
+        "int intermediate, float eps, float scale, int[] windows=[]) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {

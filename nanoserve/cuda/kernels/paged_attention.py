@@ -21,6 +21,14 @@ causal horizon ``min(position + 1, context_len)``: correct, and tested, but each
 re-reads the context, so the engine's prompts keep going through ``packed_prefill_attention``
 (fresh K/V, no pool read) and the kernel serves decode.
 
+Sliding window (``window``, a layer's own): a query at position i sees keys i - window < j <= i,
+so a program's first token is ``horizon - window`` (the horizon being the context length, or
+position + 1 with ``q_positions``). Its tiles start at the block holding that token, the tokens
+before it in that first block are masked, and no block wholly before it is read, not even its
+table entry: such a block may already be back in the pool. A split-K segment wholly before the
+window runs no tile and leaves a log-sum-exp of -inf and a zero output, which the combine
+weighs 0.
+
 Worked example (block_size 4, row 0 holds blocks [7, 2], context 6)::
 
     position  0  1  2  3 | 4  5
@@ -43,7 +51,7 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _paged_attention_kernel(
         q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, pos_ptr, out_ptr, lse_ptr,
-        sm_scale, T, seg_len,
+        sm_scale, T, seg_len, window,
         stride_qb, stride_qh, stride_qt,
         stride_kc, stride_kh, stride_vc, stride_vh,
         stride_btb, stride_pb, stride_pt,
@@ -51,7 +59,7 @@ def _paged_attention_kernel(
         stride_lb, stride_lh, stride_lt,
         BLOCK_SIZE: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
         D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, HAS_POS: tl.constexpr,
-        SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Grid (B*T, Hkv, splits). Writes out (B, Hq, T, D) or, split, partials and LSEs."""
     pid = tl.program_id(0)
     kvh = tl.program_id(1).to(tl.int64)
@@ -67,6 +75,12 @@ def _paged_attention_kernel(
     if SPLIT:
         lo = seg * seg_len
         hi = tl.minimum(length, lo + seg_len)
+    first = 0  # the first position this query sees
+    if HAS_WINDOW:
+        first = tl.maximum(length - window, 0)
+        # from the block that holds it; a segment wholly before it runs no tile at all (a tile
+        # of masked tokens only would rescale by exp2(-inf - -inf), a NaN)
+        lo = tl.where(hi <= first, hi, tl.maximum(lo, first // BLOCK_SIZE * BLOCK_SIZE))
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
     n = tl.arange(0, BLOCK_N)
@@ -80,7 +94,7 @@ def _paged_attention_kernel(
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     for start in range(lo, hi, BLOCK_N):
         tok = start + n  # (BLOCK_N,) context positions
-        tok_ok = tok < hi
+        tok_ok = (tok < hi) & (tok >= first)  # masked tokens read no table entry, no cell
         blk = tl.load(bt_ptr + b * stride_btb + tok // BLOCK_SIZE, mask=tok_ok, other=0)
         cell = blk.to(tl.int64) * BLOCK_SIZE + tok % BLOCK_SIZE  # (BLOCK_N,) int64
         kv_ok = tok_ok[:, None] & d_ok[None, :]
@@ -169,7 +183,7 @@ def choose_splits(query_rows: int, num_kv_heads: int, max_tokens: int,
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                     q_positions: torch.Tensor | None = None, splits: int | None = None,
-                    tile: int = 64) -> torch.Tensor:
+                    tile: int = 64, window: int | None = None) -> torch.Tensor:
     """Attention for B rows over their paged contexts, read through their block ids.
 
     q            (B, Hq, T, D)   queries of the new tokens
@@ -178,6 +192,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     context_lens (B,)            tokens in each row's context
     q_positions  (B, T)          absolute position of each query; None: each sees its whole row
     splits       None: ``choose_splits`` decides; 1 forces one pass, n > 1 forces split-K
+    window       a query at position i sees keys i - window < j <= i only (None: all j <= i)
     returns      (B, Hq, T, D) in q's dtype
     """
     B, Hq, T, D = q.shape
@@ -205,13 +220,13 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     o_strides = (*dst.stride()[:3], dst.stride(3) if S > 1 else 0)
     _paged_attention_kernel[(B * T, Hkv, S)](
         q, k_pool, v_pool, block_tables, context_lens, pos, dst, lse if S > 1 else dst,
-        D ** -0.5 * LOG2E, T, seg,
+        D ** -0.5 * LOG2E, T, seg, window or 0,
         q.stride(0), q.stride(1), q.stride(2),
         k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         block_tables.stride(0), *pos_strides, *o_strides, *lse_strides,
         BLOCK_SIZE=block_size, G=G, G_PAD=max(MIN_DOT, triton.next_power_of_2(G)), D=D,
         D_PAD=max(MIN_DOT, triton.next_power_of_2(D)), BLOCK_N=block_n,
-        HAS_POS=q_positions is not None, SPLIT=S > 1,
+        HAS_POS=q_positions is not None, HAS_WINDOW=window is not None, SPLIT=S > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     if S > 1:
         _combine_kernel[(B * Hq * T,)](
@@ -224,14 +239,15 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
 def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                            read_cells: torch.Tensor, q_positions: torch.Tensor,
                            context_lens: torch.Tensor, block_size: int = 1,
-                           splits: int | None = None) -> torch.Tensor:
+                           splits: int | None = None,
+                           window: int | None = None) -> torch.Tensor:
     """``paged_attention_batched_reference``'s signature over the kernel.
 
     The block ids are the cells at each block's first position divided by the block size; with
     the default ``block_size=1`` every cell is its own block, which is right for any layout."""
     blocks = read_cells[:, ::block_size].clamp(min=0) // block_size  # (B, ceil(S / bs))
     return paged_attention(q, k_pool, v_pool, blocks, context_lens, block_size, q_positions,
-                           splits)
+                           splits, window=window)
 
 
 def workspace_bytes(rows: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
