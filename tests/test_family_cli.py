@@ -48,18 +48,6 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 USER_ONLY = CHAT[1:]
 ENGINE = dict(dtype="float32", max_num_seqs=2, max_model_len=128)
 FLAGS = ["--dtype", "float32", "--max-num-seqs", "2", "--max-model-len", "128"]
-# attention="auto" picks the C++ kernel where it loads, and it refuses a sliding window (Mistral,
-# Gemma 3's local layers) until the window reaches it: those families read through the gathered
-# backend here (empty this set when the kernel reads windows)
-WINDOWED = {"mistral", "gemma3"}
-
-
-def flags(family: str) -> list[str]:
-    return [*FLAGS, "--attention", "gathered"] if chat_format(family) in WINDOWED else FLAGS
-
-
-def options(family: str) -> dict:
-    return {**ENGINE, "attention": "gathered"} if chat_format(family) in WINDOWED else ENGINE
 GEN_DEFAULTS = {"temperature": 0.0, "max_new_tokens": 3, "do_sample": False}
 
 
@@ -133,7 +121,7 @@ def test_nanoserve_generate_runs_each_family(checkpoint, family):
     folder = checkpoint(family)
     budget = [] if family == "llama" else ["--max-tokens", "4"]
     r = subprocess.run([sys.executable, "-m", "nanoserve.cli", "generate", "Hi", "--chat",
-                        "--model", str(folder), "--ignore-eos", *budget, *flags(family)],
+                        "--model", str(folder), "--ignore-eos", *budget, *FLAGS],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     n_prompt = len(Tokenizer.from_dir(folder).apply_chat_template(USER_ONLY, tokenize=True))
@@ -144,7 +132,7 @@ def test_nanoserve_generate_runs_each_family(checkpoint, family):
 @pytest.mark.parametrize("family", [f for f in SERVED if f != "llama"])
 def test_the_server_renders_each_familys_template(checkpoint, family):
     folder = checkpoint(family)
-    engine = AsyncLLM.from_options(folder, **options(family))
+    engine = AsyncLLM.from_options(folder, **ENGINE)
     with ServerThread(build_app(engine, folder.name)) as s:
         check_rendered(s.url, folder, family)
     snap = engine.snapshot()
@@ -227,7 +215,7 @@ def test_generation_config_in_llm_and_generate(checkpoint, tmp_path):
 def test_template_refusals_are_400s_in_the_templates_words(checkpoint):
     family = "mistral" if "mistral" in SERVED else pytest.skip("no mistral family")
     folder = checkpoint(family)
-    engine = AsyncLLM.from_options(folder, **options(family))
+    engine = AsyncLLM.from_options(folder, **ENGINE)
     with ServerThread(build_app(engine, folder.name)) as s:
         c = client(s.url)
         for messages, words in ((CHAT, "the system role is not supported"),
@@ -236,7 +224,7 @@ def test_template_refusals_are_400s_in_the_templates_words(checkpoint):
                 c.chat.completions.create(model=folder.name, messages=messages, max_tokens=2)
             assert words in e.value.message and e.value.param == "messages"
     bad = "{% for m in messages %}{{ m['content'] }{% endfor %}"
-    other = AsyncLLM.from_options(folder, **options(family))
+    other = AsyncLLM.from_options(folder, **ENGINE)
     with ServerThread(build_app(other, "broken", chat_template=bad)) as broken:
         r = httpx.post(broken.url + "/v1/chat/completions", timeout=60,
                        json={"messages": USER_ONLY, "max_tokens": 2})

@@ -80,7 +80,8 @@ gat_cache, _ = make_cache("gathered", lengths)
 ref_step = ref_cache.begin_step(rows, [1] * 4)
 gat_step = gat_cache.begin_step(rows, [1] * 4)
 print("rectangle read_cells (B, S):\n", ref_step.read_cells)
-cells, chunk_b = gat_step.read  # what the gathered backend planned for the step
+cells, chunk_b = gat_step.read[:2]  # the step's cells and each chunk's row (then its
+# first position, which only a sliding window reads)
 print("gathered cells (n, C), first 12 columns:\n", cells[:, :12], "\nchunk_b:", chunk_b)
 g = torch.Generator().manual_seed(2)
 q, k, v = (torch.randn(4, h, 1, 8, generator=g) for h in (4, 2, 2))

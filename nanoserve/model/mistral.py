@@ -3,10 +3,10 @@
 Why this module exists: a ``MistralForCausalLM`` checkpoint computes Llama's forward but for its
 attention mask: a key at position j is visible from position i iff ``i - sliding_window < j <= i``
 (transformers' ``sliding_window_overlay``), on every layer; ``sliding_window: null`` is plain
-Llama. The window is each layer's (``Llama.layer_windows``) and is read by the ``reference`` and
-``gathered`` attention backends and the uncached forward. Every other backend (the C++ and
-Triton kernels) refuses a windowed model by name at load (``AttentionBackend.unsupported``)
-rather than ignore the window; so do CUDA graph windows and packed prompts elsewhere.
+Llama. The window is each layer's (``Llama.layer_windows``) and every attention path reads it:
+the reference and gathered backends mask by absolute position, the C++ and Triton kernels
+start each row's read at its first visible block, graph windows pass it to the replayed read,
+and where every layer is windowed the KV manager gives back blocks that left it (Day 70).
 
 >>> from nanoserve.config import ModelConfig
 >>> cfg = ModelConfig.from_dict({"architectures": ["MistralForCausalLM"], "vocab_size": 32,
