@@ -80,6 +80,7 @@ def transformers_greedy(path, prompts=PROMPTS) -> list[tuple[list[int], list[tor
 
 
 def serve(path, attention: str, block_size: int, path_kw: dict, monkeypatch, prompts=PROMPTS,
+          keep_blocks: bool = False,
           **kw) -> tuple[list[list[int]], list[list[torch.Tensor]], LLM]:
     """All prompts through one engine: each prompt's tokens and the logits each was sampled
     from (recorded where the engine samples, whatever step kind produced them; a preempted
@@ -96,6 +97,8 @@ def serve(path, attention: str, block_size: int, path_kw: dict, monkeypatch, pro
     llm = LLM(str(path), dtype="float32", skip_tokenizer_init=True, attention=attention,
               kernels=attention == "cpu", block_size=block_size, max_model_len=64,
               **path_kw, **kw)
+    if keep_blocks:  # a pool that keeps blocks behind the window, so a small one preempts
+        llm.core.keep_window_blocks()
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=STEPS,
                                                 ignore_eos=True))
     monkeypatch.setattr(engine_mod, "sample_requests", real)
@@ -160,13 +163,17 @@ PREFIXED = [[*SHARED, 2, 3], [*SHARED, 5, 6, 7, 8], [*SHARED, 250]]
 @pytest.mark.parametrize("attention", BACKENDS)
 def test_prefix_hits_and_preemption_keep_the_window(checkpoints, monkeypatch, attention):
     """Prompts that share two cached blocks (a prefix hit: the rest is a continued chunk) in a
-    pool too small for two rows at once (preemption, then recompute): transformers' tokens."""
+    pool too small for two rows at once (preemption, then recompute): transformers' tokens.
+    The pool keeps the blocks the window passed (with them given back, as by default, the
+    same pool never runs dry: the second run)."""
     ckpt = checkpoints("gqa", 5)
-    expected = transformers_greedy(ckpt, PREFIXED)
-    tokens, _, llm = serve(ckpt, attention, 4, {"max_num_seqs": 2}, monkeypatch, PREFIXED,
-                           enable_prefix_caching=True, num_kv_blocks=7)
-    assert llm.stats.prefix_cache_hits > 0 and llm.stats.preemptions > 0
-    assert tokens == [t for t, _ in expected]
+    expected = [t for t, _ in transformers_greedy(ckpt, PREFIXED)]
+    for keep, preempts in ((True, True), (False, False)):
+        tokens, _, llm = serve(ckpt, attention, 4, {"max_num_seqs": 2}, monkeypatch, PREFIXED,
+                               keep_blocks=keep, enable_prefix_caching=True, num_kv_blocks=7)
+        assert llm.stats.prefix_cache_hits > 0
+        assert (llm.stats.preemptions > 0) == preempts
+        assert tokens == expected
 
 
 @pytest.mark.parametrize("attention", BACKENDS)
