@@ -247,8 +247,9 @@ def table(cells: list[Cell], tp: bool) -> str:
         if c.error is not None:
             row = [c.family, c.backend, f"**error**: {c.error}", "", ""]
         else:
-            cramped = (f"{_yes(c.cramped)} ({c.preemptions} preemptions, {c.prefix_hits} "
-                       f"prefix hits, {'pool full after drain' if c.leak is None else c.leak})")
+            cramped = (f"{_yes(c.cramped)} ({c.preemptions} preemption"
+                       f"{'' if c.preemptions == 1 else 's'}, {c.prefix_hits} prefix hits, "
+                       f"{'pool full after drain' if c.leak is None else c.leak})")
             row = [c.family, c.backend, f"{c.logit_diff:.1e}", _yes(c.greedy), cramped]
         if tp:
             row.append(f"**error**: {c.tp_error}" if c.tp_error is not None else
