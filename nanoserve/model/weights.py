@@ -159,19 +159,26 @@ def load_hf_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def language_model_name(name: str) -> str | None:
+    """A multimodal checkpoint's tensor name under a text model's names; None for the vision
+    tower's and the projector's. One rank's load and a shard's (``tp.load``) both use it."""
+    if name.startswith(NOT_TEXT):
+        return None
+    for old, new in LANGUAGE_MODEL.items():
+        if name.startswith(old):
+            return new + name.removeprefix(old)
+    return name
+
+
 def language_model_tensors(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A multimodal checkpoint's language model, under a text model's names; the vision tower
     and projector are left out, and the log says how many tensors that was."""
     out, skipped = {}, 0
     for name, t in hf.items():
-        if name.startswith(NOT_TEXT):
+        if (text := language_model_name(name)) is None:
             skipped += 1
             continue
-        for old, new in LANGUAGE_MODEL.items():
-            if name.startswith(old):
-                name = new + name.removeprefix(old)
-                break
-        out[name] = t
+        out[text] = t
     log.info("multimodal checkpoint: serving its language model only; %d vision tower and "
              "projector tensors not loaded", skipped)
     return out

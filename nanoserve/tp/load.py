@@ -17,22 +17,30 @@ import torch
 from safetensors import safe_open
 
 from nanoserve.model.registry import model_class
-from nanoserve.model.weights import assign_weights, hf_to_nanoserve, tensors_by_file
+from nanoserve.model.weights import (
+    assign_weights,
+    hf_to_nanoserve,
+    language_model_name,
+    tensors_by_file,
+)
 from nanoserve.tp.comm import Comm
 from nanoserve.tp.layers import TensorParallel, tp_class
 from nanoserve.tp.shard import ShardPlan
 
 
 def read_slices(model_dir: str | Path, plan: ShardPlan) -> tuple[dict[str, torch.Tensor], int]:
-    """This rank's piece of every tensor, by its Hugging Face name; and the bytes read."""
+    """This rank's piece of every tensor, by its Hugging Face name (a multimodal checkpoint's
+    language model under a text model's names, its vision tower unread); and the bytes read."""
     out, nbytes = {}, 0
+    multimodal = plan.cfg.extra.get("vision_config") is not None
     for f, names in tensors_by_file(model_dir).items():
         with safe_open(f, framework="pt") as handle:
             for name in names:
-                if name.endswith("rotary_emb.inv_freq"):
+                text = language_model_name(name) if multimodal else name
+                if text is None or name.endswith("rotary_emb.inv_freq"):
                     continue
-                t = plan.take(name, handle.get_slice(name))
-                out[name] = t
+                t = plan.take(text, handle.get_slice(name))
+                out[text] = t
                 nbytes += t.numel() * t.element_size()
     return out, nbytes
 
