@@ -24,7 +24,10 @@ markdown) only, so ``make test`` runs them on every chapter:
   measured number: the numbers live in that later day's table;
 - **the notebook says what it prints**: a number in a notebook's markdown cell that is a
   measured value of its chapter (a stated cell, not an input) is written by hand where it
-  should be printed from the claim's own function, and it is refused.
+  should be printed from the claim's own function, and it is refused;
+- **links the book can follow**: a relative link in README.md names another chapter, a module
+  under ``nanoserve/`` (the book's API pages) or a file of the chapter itself, and it exists;
+  a link to ``tests/`` or ``tools/`` would read on GitHub and break the book's strict build.
 
     python -m chapters.book_rules            # every chapter; exits 1 on any finding
     python -m chapters.book_rules 44 54      # some chapters
@@ -49,6 +52,8 @@ FORWARD_HEADINGS = re.compile(r"^##\s+(What comes next|What changed since|Since 
 _HEADING = re.compile(r"^#{2,}\s")
 _DAY_OF = re.compile(r"day(\d\d)_")
 _BOLD = re.compile(r"\*\*(.+?)\*\*", re.S)
+_LINK = re.compile(r"\]\(([^)\s#]+)")  # a markdown link's target, less any anchor
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _day(chapter: Path) -> int:
@@ -180,6 +185,23 @@ def since_then(chapter: Path) -> list[str]:
     return out
 
 
+def dead_links(chapter: Path) -> list[tuple[int, str]]:
+    """(line, target) for each relative link of README.md the book cannot render."""
+    found = []
+    for line, text in _unfenced((chapter / "README.md").read_text()):
+        for target in _LINK.findall(text):
+            if "://" in target or target.startswith(("/", "mailto:", "figures/")):
+                continue
+            src = (chapter / target).resolve()
+            folder = src.parent if src.name == "README.md" else src
+            rendered = ((folder.parent == _ROOT / "chapters" and folder.is_dir())
+                        or (src.suffix == ".py" and src.is_relative_to(_ROOT / "nanoserve"))
+                        or src.is_relative_to(chapter.resolve()))
+            if not (rendered and src.exists()):
+                found.append((line, target))
+    return found
+
+
 def check(chapter: Path) -> list[str]:
     """Every finding for one chapter, as a line to print."""
     name, out = chapter.name, since_then(chapter)
@@ -200,6 +222,9 @@ def check(chapter: Path) -> list[str]:
     for line, text in notebook_numbers(chapter):
         out.append(f"{name}/notebook.py:{line}: a measured value written by hand in a "
                    f"markdown cell; print it from the claim instead: {text[:80]}")
+    for line, target in dead_links(chapter):
+        out.append(f"{name}/README.md:{line}: a link the book cannot follow ({target}): "
+                   f"link a chapter, a nanoserve module or a file of this chapter")
     return out
 
 

@@ -109,3 +109,16 @@ def test_the_roofline_is_read_before_the_speed_chapters():
     day = int(roofline[0].name[3:5])
     speed = [int(p.name[3:5]) for p in all_chapters() if 49 <= int(p.name[3:5]) <= 55]
     assert speed and day < min(speed)
+
+
+def test_a_link_the_book_cannot_follow_is_caught(tmp_path):
+    ch = _chapter(tmp_path, "Opening.\n\n## What was built\n\nSee [the test]"
+                  "(../../tests/test_families.py), [the frozen copy](snapshot/a.py) and "
+                  "[a missing file](snapshot/gone.py).")
+    (ch / "snapshot").mkdir()
+    (ch / "snapshot" / "a.py").write_text("")
+    found = book_rules.dead_links(ch)
+    assert [t for _, t in found] == ["../../tests/test_families.py", "snapshot/gone.py"]
+    assert any("cannot follow" in f for f in book_rules.check(ch))
+    day69 = next(CHAPTERS.glob("day69_*"))  # links to nanoserve modules and other chapters
+    assert book_rules.dead_links(day69) == []
