@@ -136,6 +136,19 @@ def load_hf_model(path: str | Path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+def hf_greedy(path: str | Path, prompts, steps: int) -> list[tuple[list[int], list[torch.Tensor]]]:
+    """transformers' own greedy decode of each prompt on the folder: per prompt, its ``steps``
+    new tokens and the (V,) float32 logits each was chosen from (EOS never stops it)."""
+    ref, out = load_hf_model(path), []
+    ref.generation_config.eos_token_id = None
+    for p in prompts:
+        with torch.no_grad():
+            g = ref.generate(torch.tensor([list(p)]), max_new_tokens=steps, do_sample=False,
+                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        out.append((g.sequences[0, len(p):].tolist(), [lg[0].float() for lg in g.logits]))
+    return out
+
+
 def relative_logit_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
     """max |ours - ref| / max |ref|: the error relative to the logits' own size."""
     return ((ours.float() - ref.float()).abs().max() / ref.float().abs().max()).item()

@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.config import ModelConfig
 from nanoserve.model.registry import model_class
-from nanoserve.testing import greedy_logits, load_hf_model
+from nanoserve.testing import greedy_logits, hf_greedy
 
 CASES = {  # id -> (family, testing.CONFIGS name, overrides)
     "qwen2-gqa": ("qwen2", "gqa", {}),
@@ -54,16 +53,7 @@ def expected(case):
 
     def get(cid):
         if cid not in cache:
-            ref, out = load_hf_model(case(cid)), []
-            ref.generation_config.eos_token_id = None
-            for p in PROMPTS:
-                with torch.no_grad():
-                    g = ref.generate(torch.tensor([p]), max_new_tokens=STEPS, do_sample=False,
-                                     pad_token_id=0, output_logits=True,
-                                     return_dict_in_generate=True)
-                out.append((g.sequences[0, len(p):].tolist(),
-                            [lg[0].float() for lg in g.logits]))
-            cache[cid] = out
+            cache[cid] = hf_greedy(case(cid), PROMPTS, STEPS)
         return cache[cid]
     return get
 

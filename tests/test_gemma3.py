@@ -28,7 +28,7 @@ from nanoserve import LLM, SamplingParams
 from nanoserve.config import ModelConfig
 from nanoserve.model.registry import model_class
 from nanoserve.model.weights import load_model
-from nanoserve.testing import greedy_logits, load_hf_model
+from nanoserve.testing import greedy_logits, hf_greedy, load_hf_model
 
 KW = dict(dtype="float32", skip_tokenizer_init=True, attention="reference", kernels=False)
 PATHS = {"whole": {}, "chunked": {"max_num_batched_tokens": 8, "max_num_seqs": 4},
@@ -67,14 +67,7 @@ def published(gemma, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected(gemma):
-    ref, out = load_hf_model(gemma), []
-    ref.generation_config.eos_token_id = None
-    for p in PROMPTS:
-        with torch.no_grad():
-            g = ref.generate(torch.tensor([p]), max_new_tokens=STEPS, do_sample=False,
-                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        out.append((g.sequences[0, len(p):].tolist(), [lg[0].float() for lg in g.logits]))
-    return out
+    return hf_greedy(gemma, PROMPTS, STEPS)
 
 
 def max_diff(a, b):

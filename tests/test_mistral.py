@@ -21,7 +21,7 @@ import torch
 from nanoserve import LLM, SamplingParams
 from nanoserve.attention.backends import gathered as gathered_mod
 from nanoserve.attention.reference import paged_attention_batched_reference
-from nanoserve.testing import greedy_logits, load_hf_model
+from nanoserve.testing import greedy_logits, hf_greedy, load_hf_model
 
 WINDOW = 4
 KW = dict(dtype="float32", skip_tokenizer_init=True, attention="reference", kernels=False)
@@ -49,14 +49,7 @@ def unwindowed(windowed, tmp_path_factory):
 
 
 def transformers_greedy(path):
-    ref, out = load_hf_model(path), []
-    ref.generation_config.eos_token_id = None
-    for p in PROMPTS:
-        with torch.no_grad():
-            g = ref.generate(torch.tensor([p]), max_new_tokens=STEPS, do_sample=False,
-                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        out.append((g.sequences[0, len(p):].tolist(), [lg[0].float() for lg in g.logits]))
-    return out
+    return hf_greedy(path, PROMPTS, STEPS)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from nanoserve import LLM, SamplingParams
 from nanoserve.config import ModelConfig
 from nanoserve.layers.rotary import rope_attention_factor
 from nanoserve.model.registry import model_class
-from nanoserve.testing import greedy_logits, load_hf_model
+from nanoserve.testing import greedy_logits, hf_greedy, load_hf_model
 
 KW = dict(dtype="float32", skip_tokenizer_init=True, kernels=False)
 SHORT = [[5, 17, 3, 99, 42], [200, 7, 7, 1, 64, 80, 31, 12, 9, 150], [11, 22, 33]]
@@ -55,16 +55,7 @@ def expected(ckpt):
     def get(cid):
         if cid not in cache:
             variant, _, prompts, steps = CASES[cid]
-            ref, out = load_hf_model(ckpt(variant)), []
-            ref.generation_config.eos_token_id = None
-            for p in prompts:
-                with torch.no_grad():
-                    g = ref.generate(torch.tensor([p]), max_new_tokens=steps, do_sample=False,
-                                     pad_token_id=0, output_logits=True,
-                                     return_dict_in_generate=True)
-                out.append((g.sequences[0, len(p):].tolist(),
-                            [lg[0].float() for lg in g.logits]))
-            cache[cid] = out
+            cache[cid] = hf_greedy(ckpt(variant), prompts, steps)
         return cache[cid]
     return get
 

@@ -27,7 +27,7 @@ from nanoserve.config import ModelConfig
 from nanoserve.layers.linear import Linear
 from nanoserve.model import llama as llama_mod
 from nanoserve.model.qwen2 import Qwen2
-from nanoserve.testing import greedy_logits, load_hf_model
+from nanoserve.testing import greedy_logits, hf_greedy, load_hf_model
 from nanoserve.tp.layers import tp_class
 from nanoserve.tp.load import read_slices
 from nanoserve.tp.shard import ShardPlan
@@ -70,14 +70,7 @@ def case(hf_checkpoint):
 
 def transformers_greedy(path) -> list[tuple[list[int], list[torch.Tensor]]]:
     """Per prompt: transformers' greedy tokens and the logits that chose them."""
-    ref, out = load_hf_model(path), []
-    ref.generation_config.eos_token_id = None
-    for p in PROMPTS:
-        with torch.no_grad():
-            g = ref.generate(torch.tensor([p]), max_new_tokens=STEPS, do_sample=False,
-                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        out.append((g.sequences[0, len(p):].tolist(), [lg[0].float() for lg in g.logits]))
-    return out
+    return hf_greedy(path, PROMPTS, STEPS)
 
 
 @pytest.mark.parametrize("cid", [pytest.param(c, marks=() if c in DEFAULT_TIER

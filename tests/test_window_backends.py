@@ -30,7 +30,7 @@ from nanoserve import LLM, SamplingParams
 from nanoserve.config import ATTENTION_PATHS
 from nanoserve.cpu import csrc, fused
 from nanoserve.engine import engine as engine_mod
-from nanoserve.testing import load_hf_model
+from nanoserve.testing import hf_greedy
 
 PROMPTS = [[5, 17, 3], [200, 7, 7, 1, 64, 80, 31], [9, 150, 4, 77, 11, 22, 33, 44, 1, 2, 3, 250, 6]]
 STEPS = 8
@@ -68,14 +68,7 @@ def transformers_greedy(path, prompts=PROMPTS) -> list[tuple[list[int], list[tor
     """Each prompt's greedy tokens and every step's logits, by transformers (cached)."""
     key = (path, tuple(map(tuple, prompts)))
     if key not in _expected:
-        ref, out = load_hf_model(path), []
-        ref.generation_config.eos_token_id = None
-        for p in prompts:
-            with torch.no_grad():
-                g = ref.generate(torch.tensor([p]), max_new_tokens=STEPS, do_sample=False,
-                                 pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-            out.append((g.sequences[0, len(p):].tolist(), [lg[0].float() for lg in g.logits]))
-        _expected[key] = out
+        _expected[key] = hf_greedy(path, prompts, STEPS)
     return _expected[key]
 
 

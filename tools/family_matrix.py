@@ -110,16 +110,9 @@ def write_checkpoint(family: str, root: str | Path) -> Path:
 
 def transformers_greedy(path, prompts=PROMPTS, steps: int = STEPS):
     """Per prompt: transformers' greedy tokens and the (V,) float32 logits that chose them."""
-    from nanoserve.testing import load_hf_model
+    from nanoserve.testing import hf_greedy
 
-    ref, out = load_hf_model(path), []
-    ref.generation_config.eos_token_id = None
-    for p in prompts:
-        with torch.no_grad():
-            g = ref.generate(torch.tensor([p]), max_new_tokens=steps, do_sample=False,
-                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        out.append((g.sequences[0, len(p):].tolist(), [lg[0].float() for lg in g.logits]))
-    return out
+    return hf_greedy(path, prompts, steps)
 
 
 def logit_diff(llm, expected, prompts=PROMPTS) -> tuple[float, bool]:

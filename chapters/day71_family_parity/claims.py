@@ -106,18 +106,9 @@ def gemma_norms_around_one() -> Path:
 @functools.cache
 def transformers_greedy(path: Path, prompts: tuple = PROMPTS, steps: int = STEPS) -> tuple:
     """Per prompt: transformers' greedy tokens and the (V,) logits that chose each."""
-    import torch
+    from nanoserve.testing import hf_greedy
 
-    from nanoserve.testing import load_hf_model
-
-    ref, out = load_hf_model(path), []
-    ref.generation_config.eos_token_id = None
-    for p in prompts:
-        with torch.no_grad():
-            g = ref.generate(torch.tensor([p]), max_new_tokens=steps, do_sample=False,
-                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        out.append((g.sequences[0, len(p):].tolist(), [lg[0].float() for lg in g.logits]))
-    return tuple(out)
+    return tuple(hf_greedy(path, prompts, steps))
 
 
 @functools.cache
