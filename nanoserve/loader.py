@@ -65,6 +65,7 @@ class LoadedEngine:
     engine: Engine
     binding: Binding  # the CPUs the forward threads are pinned to (threads.py)
     generation_defaults: GenerationDefaults | None = None  # generation_config.json's (load_core)
+    quantization: str | None = None  # what a quantized checkpoint holds (model.quantization)
 
 
 def default_num_kv_blocks(mc: ModelConfig, max_num_seqs: int, max_model_len: int,
@@ -89,9 +90,11 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
                          f"{family.__name__} ({', '.join(mc.architectures)}): the family does "
                          f"not declare tensor_parallel = True")
     if tp > 1:  # a shape that cannot be split is refused before a worker starts
+        from nanoserve.tp.quantized import check_split
         from nanoserve.tp.shard import ShardPlan
 
         ShardPlan(mc, tp, 0)
+        check_split(mc, tp)  # a quantized layer's groups must fall on the ranks' cut
     tokenizer = None if cfg.skip_tokenizer_init else Tokenizer.from_dir(cfg.model)
     device = torch.device(cfg.device)
     # the small-M kernel's copy is a packed weight too, so prepack=False keeps the weights
@@ -146,9 +149,12 @@ def load_engine(cfg: EngineConfig) -> LoadedEngine:
             log.info("small-M weights on huge pages: %s", model.huge_pages)
         engine_kw["fail_on_step"] = frozenset(engine_kw["fail_on_step"])
         engine = Engine(model, **engine_kw)
+    quantization = getattr(model, "quantization", None)
+    if quantization:
+        log.info("quantization: %s", quantization)
     return LoadedEngine(cfg, mc, tokenizer, model, device, dtype, why, prepacked, prepack_why,
                         kernels, kernels_why, attention, frozenset(eos or mc.eos_token_ids),
-                        max_model_len, engine, binding)
+                        max_model_len, engine, binding, quantization=quantization)
 
 
 def load_core(cfg: EngineConfig) -> EngineCore:

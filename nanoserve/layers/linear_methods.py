@@ -23,12 +23,16 @@ from nanoserve.cpu.fused import layer_weights
 from nanoserve.cpu.huge_pages import place
 from nanoserve.layers.linear import PLAIN, Linear, LinearMethod
 from nanoserve.layers.linear_onednn import OneDNNLinear
+from nanoserve.layers.linear_quant import quantized_linears
 from nanoserve.layers.linear_small_m import SmallMLinear
 
 LINEAR_METHODS = {  # name -> "module:Class"
     "plain": "nanoserve.layers.linear:LinearMethod",  # F.linear on the weight as loaded
     "onednn": "nanoserve.layers.linear_onednn:OneDNNLinear",  # oneDNN's packed layout
     "small_m": "nanoserve.layers.linear_small_m:SmallMLinear",  # the small-M kernel first
+    # a quantized weight: dequantize then F.linear; the quantized kernels first
+    "quant_reference": "nanoserve.layers.linear_quant:QuantReferenceLinear",
+    "quant_kernel": "nanoserve.layers.linear_quant:QuantKernelLinear",
 }
 
 
@@ -72,11 +76,13 @@ def prepack_model(model: nn.Module, small_gemm: bool = False, onednn: bool = Tru
 def use_method(model: nn.Module, name: str) -> int:
     """Every linear of ``model`` computes with the method registered as ``name``, whatever a
     measurement would choose: for benchmarks and tests that hold one method against another.
-    Returns how many linears took it."""
+    A quantized method takes the quantized linears (whichever quantized method they hold),
+    any other the dense ones. Returns how many linears took it."""
     if name not in LINEAR_METHODS:
         raise ValueError(f"linear method {name!r}; choose one of {tuple(LINEAR_METHODS)}")
-    layers = _unprepared(model)
     method, tied = load_class(LINEAR_METHODS[name]), _embeddings(model)
+    quantized = getattr(method, "quantized", False)
+    layers = quantized_linears(model) if quantized else _unprepared(model)
     for m in layers:
         _give(m, method.for_layer(m), tied)
     _settle(model)
@@ -84,8 +90,10 @@ def use_method(model: nn.Module, name: str) -> int:
 
 
 def _unprepared(model: nn.Module) -> list[Linear]:
-    """The model's linears, refused if any already holds a method of its own."""
-    layers = linears(model)
+    """The model's dense linears, refused if any already holds a method of its own (a
+    quantized linear's method, chosen at load, is none of prepacking's business)."""
+    quantized = {id(m) for m in quantized_linears(model)}
+    layers = [m for m in linears(model) if id(m) not in quantized]
     if any(m.method is not PLAIN for m in layers):
         raise ValueError("this model's weights are already packed")
     return layers

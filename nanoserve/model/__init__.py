@@ -2,5 +2,5 @@
 family, and the weights' loading from Hugging Face safetensors.
 
 May import: ``nanoserve.layers``, ``nanoserve.attention``, ``nanoserve.cpu``,
-``nanoserve.config``.
+``nanoserve.quantization``, ``nanoserve.config``.
 """

@@ -27,6 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from nanoserve.config import ModelConfig
+from nanoserve.model import quantized
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -215,7 +216,8 @@ def hf_to_nanoserve(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, 
                 names = [f"{p}{part}.{suffix}" for part in parts]
                 if suffix == "bias" and names[0] not in hf:
                     continue
-                out[f"{q}{fused}.{suffix}"] = torch.cat([take(n) for n in names], dim=0)
+                out[f"{q}{fused}.{suffix}"] = quantized.cat_parts([take(n) for n in names],
+                                                                  f"{q}{fused}.{suffix}")
         for plain in ("self_attn.o_proj.weight", "mlp.down_proj.weight",
                       "input_layernorm.weight", "post_attention_layernorm.weight",
                       *OPTIONAL):
@@ -280,11 +282,13 @@ def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
     hf = load_hf_state_dict(model_dir)
     if cfg.extra.get("vision_config") is not None:
         hf = language_model_tensors(hf)
+    hf = quantized.read(hf, cfg)  # each quantized layer's tensors -> one QuantizedWeight
     state = hf_to_nanoserve(hf, cfg)
     with torch.device("meta"):
         model = family(cfg, max_model_len)
-    return assign_weights(model, state, torch_dtype, device, "checkpoint does not match "
-                                                            "config.json")
+    assign_weights(model, state, torch_dtype, device, "checkpoint does not match config.json")
+    model.quantization = quantized.describe(hf, cfg)
+    return model
 
 
 def assign_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype,
@@ -292,17 +296,22 @@ def assign_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], dtype
     """Fill a model built on the meta device with ``state`` (nanoserve's names), refusing any
     tensor missing, extra or of another shape (``mismatch`` opens the message), then let the
     family finish (``finish_load``: a tied head, its rotary frequencies). A tensor filed under
-    two names (a tied head) is cast once. Shared by one rank's load and a shard's."""
+    two names (a tied head) is cast once. A ``QuantizedWeight`` becomes its linear's method
+    (``model/quantized.py``), its integers as stored. Shared by one rank's load and a
+    shard's."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state.items()}
     if expected != got:
         bad = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
         raise ValueError(f"{mismatch} at {bad[:3]}: expected {[expected.get(k) for k in bad[:3]]}"
                          f", found {[got.get(k) for k in bad[:3]]}")
+    state, quantized_weights = quantized.split_quantized(state)
+    layers = quantized.release(model, quantized_weights)
     cast: dict[int, torch.Tensor] = {}  # by the source tensor: a tied head's is cast once
     for v in state.values():
         if id(v) not in cast:
             cast[id(v)] = v.to(device=device, dtype=dtype)
     model.load_state_dict({k: cast[id(v)] for k, v in state.items()}, assign=True)
+    quantized.install_all(layers, quantized_weights, dtype, device)  # after their biases
     model.finish_load(device)
     return model.eval()

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from nanoserve.model import quantized
 from nanoserve.model.registry import model_class
 from nanoserve.model.weights import (
     assign_weights,
@@ -23,26 +24,39 @@ from nanoserve.model.weights import (
     language_model_name,
     tensors_by_file,
 )
+from nanoserve.quantization.weight import QuantizedWeight
 from nanoserve.tp.comm import Comm
 from nanoserve.tp.layers import TensorParallel, tp_class
+from nanoserve.tp.quantized import cut
 from nanoserve.tp.shard import ShardPlan
+
+SCALES = (".weight_scale", ".scales")  # a quantized layer's scales (compressed-tensors; GPTQ)
 
 
 def read_slices(model_dir: str | Path, plan: ShardPlan) -> tuple[dict[str, torch.Tensor], int]:
     """This rank's piece of every tensor, by its Hugging Face name (a multimodal checkpoint's
-    language model under a text model's names, its vision tower unread); and the bytes read."""
+    language model under a text model's names, its vision tower unread); and the bytes read.
+    A quantized layer's tensors are read whole, then its ``QuantizedWeight`` is cut
+    (``tp/quantized.py``)."""
     out, nbytes = {}, 0
     multimodal = plan.cfg.extra.get("vision_config") is not None
-    for f, names in tensors_by_file(model_dir).items():
+    files = tensors_by_file(model_dir)
+    scaled = {n.rpartition(".")[0] for names in files.values() for n in names
+              if n.endswith(SCALES)} if quantized.quantization_config(plan.cfg) else ()
+    for f, names in files.items():
         with safe_open(f, framework="pt") as handle:
             for name in names:
                 text = language_model_name(name) if multimodal else name
                 if text is None or name.endswith("rotary_emb.inv_freq"):
                     continue
-                t = plan.take(text, handle.get_slice(name))
+                layer, _, suffix = name.rpartition(".")
+                whole = layer in scaled and suffix != "bias"  # its packed weight: cut after
+                t = handle.get_tensor(name) if whole else plan.take(text, handle.get_slice(name))
                 out[text] = t
                 nbytes += t.numel() * t.element_size()
-    return out, nbytes
+    out = quantized.read(out, plan.cfg)
+    return {k: cut(plan, k, v) if isinstance(v, QuantizedWeight) else v
+            for k, v in out.items()}, nbytes
 
 
 def load_shard(model_dir: str | Path, plan: ShardPlan, comm: Comm, dtype: torch.dtype,
@@ -57,5 +71,6 @@ def load_shard(model_dir: str | Path, plan: ShardPlan, comm: Comm, dtype: torch.
         model = cls(plan, comm, max_model_len)
     assign_weights(model, state, dtype, device,
                    f"rank {plan.rank}: the checkpoint's slices do not match the shard")
+    model.quantization = quantized.describe(hf, plan.cfg)
     model.bytes_read = nbytes
     return model
