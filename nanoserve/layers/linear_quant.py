@@ -59,7 +59,8 @@ def dequantize_into(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     N, K = qw.shape
     buf = _SCRATCH.get(dtype)
     if buf is None or buf.numel() < N * K:
-        buf = _SCRATCH[dtype] = torch.empty(N * K, dtype=dtype)
+        with torch.inference_mode(False):  # a normal tensor: written in and out of the mode
+            buf = _SCRATCH[dtype] = torch.empty(N * K, dtype=dtype)
     w = buf[:N * K].view(N, qw.groups, qw.group_size)  # (N, G, gs)
     q = qw.q.view(N, qw.groups, qw.group_size)
     if qw.zero is not None:
