@@ -23,7 +23,10 @@ the order is kept in ``perm``; a ``g_idx`` that is ``k // group_size`` gives no 
 A zero point stored as ``2**bits - 1`` in the original format would mean a true zero of
 ``2**bits``, which no value can reach: writers produce it when a true zero of 0 underflows
 (AutoGPTQ's ``zeros - 1``), and the borrow corrupts the neighbouring zeros of the same word, so
-it is refused, naming the tensor.
+it is refused, naming the tensor. Which layers are quantized is read from the tensors (those with
+a ``qweight``), so a quantized head (``lm_head: true``) needs nothing more; a layer whose inputs
+end in a part-filled group (AutoGPTQ rounds the group count up) is refused, since the canonical
+form holds whole groups only.
 
     hf = read(hf, {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True,
                    "desc_act": False})
