@@ -71,8 +71,10 @@ PARTS = [
     (49, 56, "Speed on a CPU", "compiled decode, bf16, the peers, fused C++ ops, the flags"),
     (57, 63, "Graphs and kernels", "CUDA graphs, the persistent batch and a Triton kernel"),
     (64, 68, "Scale and structure", "tensor parallelism and structured outputs"),
-    (69, 10**6, "Many models",
+    (69, 71, "Many models",
      "model families beside Llama, sliding windows in a paged cache, parity without a hub"),
+    (72, 10**6, "Fewer bytes",
+     "quantized weights: what they cost in bytes and error, GPTQ, an int4 kernel, the speed"),
 ]
 TITLE = re.compile(r"# Day (\d+): (.+)")
 LINK = re.compile(r"(\]\()([^)\s#]+)([^)\s]*)")  # ](target#anchor "title"  -> groups 1, 2, 3
