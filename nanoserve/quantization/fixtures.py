@@ -37,6 +37,17 @@ def _is_linear(name: str) -> bool:
     return name.endswith("_proj.weight")
 
 
+def _input_of(name: str) -> str:
+    """Which input a linear reads: q, k and v read one, gate and up another, so act order (the
+    order of the input's Hessian diagonal) is the same for them."""
+    for parts, shared in ((("q_proj", "k_proj", "v_proj"), "qkv"), (("gate_proj", "up_proj"),
+                                                                      "gate_up")):
+        for part in parts:
+            if f".{part}." in name:
+                return name.replace(part, shared)
+    return name
+
+
 def _unsigned(t: torch.Tensor, bits: int, what: str, lowest: int = 0) -> np.ndarray:
     a = t.to(torch.int64).numpy()
     if a.size and (a.min() < lowest or a.max() >= 1 << bits):
@@ -136,14 +147,19 @@ def gptq_checkpoint(hf: dict[str, torch.Tensor], *, bits: int = 4, group_size: i
     and the ``quantization_config``. ``desc_act``: each layer's inputs grouped in a random order,
     as act order would. Scales are float16, as GPTQ stores them."""
     gen = torch.Generator().manual_seed(seed)
-    out = {}
+    out, orders = {}, {}
     for name, w in hf.items():
         if not quantize(name):
             out[name] = w
             continue
         N, K = w.shape
         gs = K if group_size == -1 else group_size
-        order = torch.randperm(K, generator=gen) if desc_act else torch.arange(K)
+        order = torch.arange(K)
+        if desc_act:  # layers that read one input (q, k, v; gate, up) share its order
+            key = _input_of(name)
+            if key not in orders:
+                orders[key] = torch.randperm(K, generator=gen)
+            order = orders[key]
         qw = quantize_rtn(w[:, order], bits, gs, sym, scale_dtype=torch.float16)
         half = 1 << (bits - 1)
         u = torch.empty(N, K, dtype=torch.int64)

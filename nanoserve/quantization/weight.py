@@ -122,11 +122,14 @@ class QuantizedWeight:
         for p in parts[1:]:
             same = (p.bits, p.group_size, p.symmetric, p.act_bits, p.q.shape[1]) == (
                 first.bits, first.group_size, first.symmetric, first.act_bits, first.q.shape[1])
-            if not same or (p.perm is None) != (first.perm is None) or (
-                    p.perm is not None and not torch.equal(p.perm, first.perm)):
+            if not same:
                 raise ValueError(f"{name}: its parts are quantized differently ({p.bits} vs "
                                  f"{first.bits} bits, groups {p.group_size} vs "
                                  f"{first.group_size}) and cannot be fused")
+            if (p.perm is None) != (first.perm is None) or (
+                    p.perm is not None and not torch.equal(p.perm, first.perm)):
+                raise ValueError(f"{name}: its parts read one input in different act orders "
+                                 f"(g_idx) and cannot be fused")
         zero = None if first.zero is None else torch.cat([p.zero for p in parts])
         return replace(first, q=torch.cat([p.q for p in parts]),
                        scale=torch.cat([p.scale for p in parts]), zero=zero)
