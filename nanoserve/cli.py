@@ -7,6 +7,7 @@ wants (prompt and generated tokens, wall time, tokens per second) on stderr.
     nanoserve generate "The while statement" --max-tokens 60 --temperature 0
     nanoserve serve --port 8000                      # the OpenAI-compatible server
     nanoserve bench sched --slots 4 --pool-tokens 96 --gen-lens 24 --requests 4 --json
+    nanoserve quantize MODEL OUT --scheme w4a16 --group-size 32   # a compressed-tensors copy
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
 
     serve.add_arguments(sub.add_parser("serve", help="the OpenAI-compatible HTTP server",
                                        allow_abbrev=False))
+    from nanoserve.quantize import command as quantize
+
+    quantize.add_arguments(sub.add_parser("quantize", help="write a compressed-tensors "
+                                          "checkpoint (w8a16, w4a16, w8a8)", allow_abbrev=False))
     b = sub.add_parser("bench", help="benchmarks and harnesses")
     bsub = b.add_subparsers(dest="bench", required=True)
     from nanoserve.bench import (
@@ -109,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.command == "serve":
         return serve.main(args)
+    if args.command == "quantize":
+        return quantize.main(args)
     if args.command == "bench":
         return {"sched": schedbench, "batch": batchbench, "stress": stress, "graph": graphbench,
                 "serve": serve_bench, "serve-pair": serve_pair, "soak": soak, "tp": tpbench,

@@ -9,7 +9,8 @@ same torch build gives the same weights.
 
     python tools/train_tiny.py --out nanoserve/checkpoints/nanoserve-tiny --steps 600
 
-Every 10th topic (sorted by name) is held out; the validation loss is measured on those.
+Every 10th topic (sorted by name) is held out; the validation loss is measured on those. The
+split and the loss live in ``nanoserve.model.text_loss``, which quantization's quality checks share.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ import math
 import sys
 import time
 from pathlib import Path
-from pydoc_data.topics import topics
 
 import torch
-import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from nanoserve.config import ModelConfig
 from nanoserve.model.llama import Llama
+from nanoserve.model.text_loss import corpus, encode_stream, evaluate, loss_of
 from nanoserve.model.weights import save_checkpoint
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
@@ -43,13 +43,6 @@ CHAT_TEMPLATE = ("{{- bos_token }}\n"
                  "{%- endif %}\n")
 
 
-def corpus() -> tuple[list[str], list[str]]:
-    """Topics sorted by name; every 10th one is held out for validation."""
-    docs = [topics[n].strip() + "\n" for n in sorted(topics)]
-    return ([d for i, d in enumerate(docs) if i % 10 != 3],
-            [d for i, d in enumerate(docs) if i % 10 == 3])
-
-
 def train_tokenizer(docs: list[str], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -63,37 +56,12 @@ def train_tokenizer(docs: list[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def encode_stream(tok: Tokenizer, docs: list[str]) -> torch.Tensor:
-    """All documents as one token stream: BOS doc EOS BOS doc EOS ..."""
-    ids: list[int] = []
-    for enc in tok.encode_batch(docs):
-        ids.extend(enc.ids + [1])
-    return torch.tensor(ids, dtype=torch.long)
-
-
 def batches(stream: torch.Tensor, seq_len: int, batch: int, gen: torch.Generator):
     while True:
         starts = torch.randint(0, len(stream) - seq_len - 1, (batch,), generator=gen)
         x = torch.stack([stream[s:s + seq_len] for s in starts.tolist()])
         y = torch.stack([stream[s + 1:s + seq_len + 1] for s in starts.tolist()])
         yield x, y
-
-
-def loss_of(model: Llama, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    pos = torch.arange(x.shape[1])[None].expand_as(x)
-    logits = model.compute_logits(model(x, pos))  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
-
-
-@torch.no_grad()
-def evaluate(model: Llama, stream: torch.Tensor, seq_len: int) -> float:
-    """Mean loss over every non-overlapping window of the held-out stream."""
-    n = (len(stream) - 1) // seq_len
-    x = stream[: n * seq_len].view(n, seq_len)
-    y = stream[1: n * seq_len + 1].view(n, seq_len)
-    losses = [loss_of(model, x[i:i + 8], y[i:i + 8]).item() * len(x[i:i + 8])
-              for i in range(0, n, 8)]
-    return sum(losses) / n
 
 
 def main() -> None:
