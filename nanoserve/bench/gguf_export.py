@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from nanoserve.bench.gguf_vocab import add_vocab, gguf_vocab
+from nanoserve.config.model import ModelConfig
 from nanoserve.quantization.packing import unpack_int32
 from nanoserve.quantization.weight import QuantizedWeight
 
@@ -149,36 +150,35 @@ def read_checkpoint(folder: Path) -> tuple[dict, dict[str, torch.Tensor | Quanti
     return config, hf
 
 
-def _metadata(writer, config: dict, file_type: int) -> None:
-    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or \
-        config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    writer.add_name(config.get("_name_or_path") or "nanoserve export")
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
-    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
-    writer.add_vocab_size(config["vocab_size"])
+def _metadata(writer, mc: ModelConfig, file_type: int) -> None:
+    writer.add_name(f"nanoserve export ({mc.model_type})")
+    writer.add_context_length(mc.max_position_embeddings)
+    writer.add_embedding_length(mc.hidden_size)
+    writer.add_block_count(mc.num_hidden_layers)
+    writer.add_feed_forward_length(mc.intermediate_size)
+    writer.add_head_count(mc.num_attention_heads)
+    writer.add_head_count_kv(mc.num_key_value_heads)
+    writer.add_key_length(mc.head_dim)
+    writer.add_value_length(mc.head_dim)
+    writer.add_rope_dimension_count(mc.head_dim)
+    writer.add_rope_freq_base(mc.rope_theta)
+    writer.add_layer_norm_rms_eps(mc.rms_norm_eps)
+    writer.add_vocab_size(mc.vocab_size)
     writer.add_file_type(file_type)
     writer.add_quantization_version(2)
 
 
-def _check_llama(config: dict) -> None:
-    if config.get("model_type") != "llama":
-        raise ValueError(f"model_type {config.get('model_type')!r}: the GGUF writer writes "
-                         f"Llama checkpoints only")
-    for key in ("rope_scaling", "attention_bias", "mlp_bias"):
-        if config.get(key):
-            raise ValueError(f"config {key}={config[key]!r}: not written to GGUF here")
+def _check_llama(config: dict) -> ModelConfig:
+    mc = ModelConfig.from_dict(config)  # rope_theta from either spelling of the RoPE keys
+    if mc.model_type != "llama":
+        raise ValueError(f"model_type {mc.model_type!r}: the GGUF writer writes Llama "
+                         f"checkpoints only")
+    for key in ("rope_scaling", "attention_bias", "mlp_bias", "sliding_window"):
+        if getattr(mc, key):
+            raise ValueError(f"config {key}={getattr(mc, key)!r}: not written to GGUF here")
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {config['hidden_act']!r}: llama.cpp's Llama is SiLU")
+    return mc
 
 
 def export_gguf(checkpoint: str | Path, out: str | Path, dense: str = "bf16") -> dict:
@@ -190,14 +190,13 @@ def export_gguf(checkpoint: str | Path, out: str | Path, dense: str = "bf16") ->
     if dense not in ("bf16", "f32"):
         raise ValueError(f"dense={dense!r}: choose bf16 or f32")
     config, hf = read_checkpoint(Path(checkpoint))
-    _check_llama(config)
-    heads = config["num_attention_heads"]
-    kv = config.get("num_key_value_heads") or heads
+    mc = _check_llama(config)
+    heads, kv = mc.num_attention_heads, mc.num_key_value_heads
     T = gguf.GGMLQuantizationType
     kinds = set()
     writer = gguf.GGUFWriter(str(out), "llama")
     written = {}
-    if config.get("tie_word_embeddings"):
+    if mc.tie_word_embeddings:
         hf.pop("lm_head.weight", None)  # tied: llama.cpp reads the head from token_embd
     for name in sorted(hf):
         t, gname = hf[name], gguf_name(name)
@@ -206,7 +205,7 @@ def export_gguf(checkpoint: str | Path, out: str | Path, dense: str = "bf16") ->
             t = (QuantizedWeight(t.q[rows], t.scale[rows], None, t.bits, t.group_size)
                  if isinstance(t, QuantizedWeight) else t[rows])
         if isinstance(t, QuantizedWeight):
-            blocks = (q8_0_blocks if t.bits == 8 else q4_0_blocks)(name, t)
+            blocks = (q8_0_blocks if t.bits == 8 else q4_0_blocks)(name.removesuffix(".weight"), t)
             kind = T.Q8_0 if t.bits == 8 else T.Q4_0
             writer.add_tensor(gname, blocks, raw_dtype=kind)
         elif t.dim() == 1 or dense == "f32":
@@ -222,7 +221,7 @@ def export_gguf(checkpoint: str | Path, out: str | Path, dense: str = "bf16") ->
     F = gguf.LlamaFileType
     file_type = (F.MOSTLY_Q4_0 if T.Q4_0 in kinds else F.MOSTLY_Q8_0 if T.Q8_0 in kinds
                  else F.MOSTLY_BF16 if T.BF16 in kinds else F.ALL_F32)
-    _metadata(writer, config, int(file_type))
+    _metadata(writer, mc, int(file_type))
     vocab = gguf_vocab(Path(checkpoint), config)
     add_vocab(writer, vocab)
     writer.write_header_to_file()

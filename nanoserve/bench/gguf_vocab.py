@@ -9,7 +9,8 @@ and the BOS and EOS ids. A vocabulary shorter than the model's ``vocab_size`` is
 ``UNUSED`` tokens, as Hugging Face pads its embedding.
 
 A checkpoint with no ``tokenizer.json`` (the random shape checkpoints of ``shapes.py``) gets a
-stand-in: the special token at the BOS/EOS ids, the 256 byte-level characters, then padding.
+stand-in: the special token at the BOS/EOS ids, one merged token (``ĠĠ``: llama.cpp wants at
+least one merge), the 256 byte-level characters, then padding.
 It loads and can spell any text byte by byte; it is not the published model's vocabulary, which
 only matters for text, never for the token ids a benchmark feeds.
 
@@ -97,7 +98,7 @@ def _stand_in(config: dict) -> GGUFVocab:
     bos, eos = _ids(config, "bos_token_id"), _ids(config, "eos_token_id")
     specials = sorted({i for i in (bos, eos) if i is not None})
     tokens, types = [], []
-    chars = iter([*byte_chars(), "ĠĠ"])
+    chars = iter(["ĠĠ", *byte_chars()])  # one merge first: llama.cpp needs the key
     for i in range(max(len(specials) + 257, specials[-1] + 1 if specials else 0)):
         if i in specials:
             tokens.append("<|endoftext|>" if len(specials) == 1 else f"<|special_{i}|>")
@@ -106,7 +107,9 @@ def _stand_in(config: dict) -> GGUFVocab:
             t = next(chars, None)
             tokens.append(f"[PAD{i}]" if t is None else t)
             types.append(UNUSED if t is None else NORMAL)
-    _pad(tokens, types, config["vocab_size"])
+    n = config["vocab_size"]  # a small test model keeps only the first bytes
+    tokens, types = tokens[:n], types[:n]
+    _pad(tokens, types, n)
     return GGUFVocab(tokens, types, ["Ġ Ġ"], bos, eos, "gpt-2",
                      "stand-in (no tokenizer.json): byte-level characters and padding")
 

@@ -43,7 +43,8 @@ def main() -> int:
         n_vocab = llm.n_vocab()
 
         def last_argmax() -> int:
-            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1),
+                                           shape=(n_vocab,))
             return int(logits.argmax())
 
         rounds = []
