@@ -7,7 +7,9 @@ nanoserve's. ``quant.py`` starts this file as a script under that venv's Python:
     python llamacpp_runner.py '{"model": "x.gguf", "threads": 1, "prompt": [ids],
                                 "new_tokens": 128, "rounds": 3}'
 
-and reads one JSON object from its stdout. Per round it clears the context, evaluates the
+and reads one JSON object from its stdout. ``cpus`` (optional) pins the process to those CPUs;
+an untimed warm-up (the prompt and 8 steps) runs first unless ``"warmup": false``. Per round
+it clears the context, evaluates the
 prompt in one batch (the prompt time, up to and including the first token's logits), then runs
 ``new_tokens - 1`` greedy decode steps, one token each (argmax of the last logits, EOS
 ignored), timing them apart: decode tokens/s is those steps over their wall time, the same
@@ -28,6 +30,8 @@ import time
 
 def main() -> int:
     cfg = json.loads(sys.argv[1])
+    if cfg.get("cpus"):  # the same cores nanoserve's threads are pinned to
+        os.sched_setaffinity(0, cfg["cpus"])
     try:
         import llama_cpp
         import numpy as np
@@ -48,6 +52,11 @@ def main() -> int:
             return int(logits.argmax())
 
         rounds = []
+        if cfg.get("warmup", True):  # untimed: the mapped file paged in, the buffers made
+            llm.reset()
+            llm.eval(prompt)
+            for _ in range(8):
+                llm.eval([last_argmax()])
         for _ in range(int(cfg.get("rounds", 3))):
             llm.reset()
             t0 = time.perf_counter()
