@@ -8,15 +8,15 @@ nanoserve's. ``quant.py`` starts this file as a script under that venv's Python:
                                 "new_tokens": 128, "rounds": 3}'
 
 and reads one JSON object from its stdout. ``cpus`` (optional) pins the process to those CPUs;
-an untimed warm-up (the prompt and 8 steps) runs first unless ``"warmup": false``. Per round
-it clears the context, evaluates the
-prompt in one batch (the prompt time, up to and including the first token's logits), then runs
-``new_tokens - 1`` greedy decode steps, one token each (argmax of the last logits, EOS
-ignored), timing them apart: decode tokens/s is those steps over their wall time, the same
-count nanoserve's report uses (from its first token to its last). The answer holds every
-round, the best round's figures and the greedy tokens, so the caller can compare them with
-nanoserve's. ``logits_all`` is off (only the last row's logits are computed, as in any server),
-``n_batch`` covers the whole prompt, threads are ``n_threads`` for both prompt and decode.
+an untimed warm-up (the prompt and 8 steps) runs first unless ``"warmup": false``. Per round it
+clears the context, evaluates the prompt in one batch (the prompt time, up to and including the
+first token's logits), then runs ``new_tokens - 1`` greedy decode steps, one token each (argmax
+of the last logits, EOS ignored), timing them apart: decode tokens/s is those steps over their
+wall time, the same count nanoserve's report uses (from its first token to its last). The
+answer holds every round, the best round's figures and the greedy tokens, so the caller can
+compare them with nanoserve's. ``logits_all`` is off (only the last row's logits are computed,
+as in any server), ``n_batch`` covers the whole prompt, and ``n_threads`` serves both prompt and
+decode.
 
 This file imports only llama_cpp, numpy and the standard library; llama.cpp's log goes to
 stderr.
