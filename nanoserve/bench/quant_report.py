@@ -132,11 +132,20 @@ def offline_section(folders: dict, threads: int, rounds: int, vllm: bool, vllm_v
 def print_report(report: dict) -> None:
     """The decode table, then the 8-row one, with the machine and the workload, on stderr."""
     from rich.console import Console
+
+    console = Console(stderr=True, width=150)
+    if report["rows"]:
+        _decode_table(console, report)
+    off = report.get("offline")
+    if off:
+        _offline_table(console, off)
+
+
+def _decode_table(console, report: dict) -> None:
     from rich.table import Table
 
     from nanoserve.bench.hardware import describe_hardware
 
-    console = Console(stderr=True, width=150)
     w = report["workload"]
     t = Table(title=f"nanoserve bench quant: {report['shape']}, random weights, bf16 "
                     f"activations, one request, {w['prompt_len']} prompt tokens, "
@@ -167,9 +176,11 @@ def print_report(report: dict) -> None:
     console.print(t)
     for line in notes:
         console.print(f"  {line}", highlight=False, markup=False)
-    off = report.get("offline")
-    if not off:
-        return
+
+
+def _offline_table(console, off: dict) -> None:
+    from rich.table import Table
+
     t = Table(title=f"8 rows ({off['workload']['decode']}); prefill: "
                     f"{off['workload']['prefill']}; median of rounds", caption_justify="left")
     for col in ("weights", "engine", "threads", "decode tok/s", "x bf16", "prefill tok/s",
