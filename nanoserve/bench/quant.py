@@ -45,10 +45,13 @@ from nanoserve.bench.shapes import ROOT, SHAPE_CACHE, SHAPES, shape_checkpoint
 DEFAULT_LLAMACPP_VENV = ROOT / ".venv-llamacpp"
 SCHEMES = ("w8a16", "w4a16")  # the decode arms' quantized schemes; GGUF type beside each
 GGUF_TYPE = {"bf16": "BF16", "w8a16": "Q8_0", "w4a16": "Q4_0"}
+# the shapes the GGUF writer takes: Llama without rope scaling
+LLAMA_SHAPES = sorted(k for k, v in SHAPES.items()
+                      if v["model_type"] == "llama" and not v.get("rope_scaling"))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    p.add_argument("--shape", choices=LLAMA_SHAPES, default="smollm2-135m")
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompt-len", type=int, default=64)
