@@ -102,7 +102,23 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $@
 
-bench-peers: setup $(VLLM_STAMP) ## the offline tables with vLLM's CPU build added, then serving and prefix caching: vLLM vs nanoserve
+# llama.cpp (llama-cpp-python) in its own venv, compiled for this CPU (-DGGML_NATIVE=ON: AVX-512,
+# VNNI, BF16 where the CPU has them); the compile takes about 3.5 minutes on 2 cores. The gguf
+# package pinned beside it is the one nanoserve's venv writes GGUF files with.
+LLAMACPP_VENV  := .venv-llamacpp
+LLAMACPP_PY    ?= 0.3.36
+LLAMACPP_STAMP := $(LLAMACPP_VENV)/.setup-stamp
+$(LLAMACPP_STAMP):
+	test -x $(LLAMACPP_VENV)/bin/python || python3 -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/pip install -q --upgrade pip
+	$(LLAMACPP_VENV)/bin/pip install -q numpy gguf==0.19.0
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(LLAMACPP_VENV)/bin/pip install -q --no-cache-dir \
+	  llama-cpp-python==$(LLAMACPP_PY)
+	$(LLAMACPP_VENV)/bin/python -c "import llama_cpp; print('llama-cpp-python', \
+	  llama_cpp.__version__, llama_cpp.llama_print_system_info().decode())"
+	touch $@
+
+bench-peers: setup $(VLLM_STAMP) $(LLAMACPP_STAMP) ## the offline tables with vLLM's CPU build added, serving and prefix caching, then quantized decode against llama.cpp
 	@$(call offline_tables,nanoserve$(comma)hf$(comma)hf-cb$(comma)vllm,-peers,--threads 1)
 	@echo "+ nanoserve bench serve-pair: nanoserve serve and vLLM's server on $(TINY), both up, alternating rounds"
 	$(PY) -m nanoserve.cli bench serve-pair --peer vllm --vllm-venv $(VLLM_VENV) $(SERVE_LOAD) \
@@ -111,6 +127,9 @@ bench-peers: setup $(VLLM_STAMP) ## the offline tables with vLLM's CPU build add
 	@echo "+ prefix caching, vLLM vs nanoserve, on and off (Day 45's recorded rows)"
 	$(PY) -m chapters.day45_prefix_measured.peers \
 	  --record chapters/day45_prefix_measured/results/prefix-peers.json
+	@echo "+ nanoserve bench quant: bf16/w8a16/w4a16 decode against llama.cpp's BF16/Q8_0/Q4_0 on the same weights, 1 and 2 threads; the 8-row rows with vLLM"
+	$(PY) -m nanoserve.cli bench quant --threads 1,2 --rounds 3 --llamacpp-venv $(LLAMACPP_VENV) \
+	  --offline --vllm --vllm-venv $(VLLM_VENV) --out build/bench/quant-smollm2-135m.json
 
 stress: setup ## the long stress test: 200 requests through a cramped pool, with aborts
 	$(PY) -m nanoserve.cli bench stress --requests 200 --num-kv-blocks 20 --abort-rate 0.05 --seed 7

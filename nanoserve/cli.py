@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         batchbench,
         graphbench,
         offline,
+        quant,
         schedbench,
         serve_pair,
         soak,
@@ -109,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "one ragged workload, same run"))
     tpbench.add_arguments(bsub.add_parser("tp", help="R ranks x C/R threads against 1 rank x C "
                                           "threads; a decode step's bytes and comm time"))
+    quant.add_arguments(bsub.add_parser("quant", help="quantized decode vs bf16, the byte "
+                                        "ceiling and llama.cpp on the same weights"))
     structured.add_arguments(bsub.add_parser("structured", help="a grammar's cost per decode "
                                              "step and per request, against none"))
     args = ap.parse_args(argv)
@@ -119,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return {"sched": schedbench, "batch": batchbench, "stress": stress, "graph": graphbench,
                 "serve": serve_bench, "serve-pair": serve_pair, "soak": soak, "tp": tpbench,
-                "offline": offline, "structured": structured}[args.bench].main(args)
+                "offline": offline, "structured": structured,
+                "quant": quant}[args.bench].main(args)
     return _generate(args)
 
 
