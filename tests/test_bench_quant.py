@@ -3,11 +3,10 @@
 (``quant_report.summarize``). The timed run itself is ``make bench-peers``."""
 
 import pytest
-import torch
 
 from nanoserve.bench.quant_arms import first_divergence, step_bytes
-from nanoserve.bench.quant_checkpoint import write_quantized
 from nanoserve.bench.quant_report import summarize
+from nanoserve.quantize.command import quantize_checkpoint
 from nanoserve.testing import write_hf_checkpoint
 
 
@@ -15,8 +14,7 @@ from nanoserve.testing import write_hf_checkpoint
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("q")
     dense = write_hf_checkpoint(root / "dense", "gqa", tie_word_embeddings=True)
-    return {"bf16": dense, **{s: write_quantized(dense, root / s, s, 32,
-                                                 scale_dtype=torch.bfloat16)
+    return {"bf16": dense, **{s: quantize_checkpoint(dense, root / s, s, 32)
                               for s in ("w8a16", "w4a16")}}
 
 
@@ -27,8 +25,8 @@ def test_step_bytes_count_the_linears_scales_and_the_head(folders):
     f32 = step_bytes(folders["bf16"])  # write_hf_checkpoint stores float32
     assert f32 == {"linears": 4 * linears, "head": 4 * head, "total": 4 * (linears + head)}
     for scheme, per_weight in (("w8a16", 1 + 2 / 32), ("w4a16", 0.5 + 2 / 32)):
-        got = step_bytes(folders[scheme])  # bf16 scales, one per 32 inputs; head stays float32
-        assert got["linears"] == linears * per_weight and got["head"] == 4 * head
+        got = step_bytes(folders[scheme])  # bf16 scales, one per 32 inputs; the head in bf16
+        assert got["linears"] == linears * per_weight and got["head"] == 2 * head
 
 
 def _row(engine, weights, threads, tps, tokens=(1, 2, 3)):

@@ -17,8 +17,8 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from nanoserve.bench.gguf_export import export_gguf, read_checkpoint, rope_rows  # noqa: E402
-from nanoserve.bench.quant_checkpoint import write_quantized  # noqa: E402
 from nanoserve.quantization.weight import QuantizedWeight  # noqa: E402
+from nanoserve.quantize.command import quantize_checkpoint  # noqa: E402
 from nanoserve.testing import write_hf_checkpoint  # noqa: E402
 
 
@@ -61,7 +61,7 @@ def _expected(name: str, w, config) -> torch.Tensor:
                                          ("w4a16", "Q4_0")])
 def test_written_tensors_dequantize_to_the_checkpoints_weights(dense, tmp_path, scheme, kind):
     src, config = dense
-    folder = src if scheme is None else write_quantized(src, tmp_path / scheme, scheme, 32)
+    folder = src if scheme is None else quantize_checkpoint(src, tmp_path / scheme, scheme, 32)
     info = export_gguf(folder, tmp_path / "m.gguf")
     _, tensors = _read(tmp_path / "m.gguf")
     _, hf = read_checkpoint(folder)
@@ -142,17 +142,17 @@ def test_shipped_tokenizer_becomes_the_vocab(tmp_path):
 
 def test_refusals(dense, tmp_path):
     src, _ = dense
-    g64 = write_quantized(src, tmp_path / "g64", "w4a16", 64)
+    g64 = quantize_checkpoint(src, tmp_path / "g64", "w4a16", 64)
     with pytest.raises(ValueError, match=r"group_size 64.*Q4_0 holds 4-bit symmetric weights "
                                          r"in groups of 32"):
         export_gguf(g64, tmp_path / "a.gguf")
-    asym = write_quantized(src, tmp_path / "asym", "w8a16", 32, symmetric=False)
+    asym = quantize_checkpoint(src, tmp_path / "asym", "w8a16", 32, symmetric=False)
     with pytest.raises(ValueError, match="symmetric=false; GGUF Q8_0 and Q4_0 have no zero"):
         export_gguf(asym, tmp_path / "b.gguf")
-    f32 = write_quantized(src, tmp_path / "f32", "w8a16", 32, scale_dtype=torch.float32)
+    f32 = quantize_checkpoint(src, tmp_path / "f32", "w8a16", 32, dtype="float32")
     with pytest.raises(ValueError, match=r"proj: weight_scale .* is not an fp16 number"):
         export_gguf(f32, tmp_path / "c.gguf")
-    w8a8 = write_quantized(src, tmp_path / "w8a8", "w8a8")
+    w8a8 = quantize_checkpoint(src, tmp_path / "w8a8", "w8a8")
     with pytest.raises(ValueError, match="format='int-quantized'"):
         export_gguf(w8a8, tmp_path / "d.gguf")
 

@@ -8,7 +8,7 @@ head in bf16). The command builds everything from one random checkpoint in a pub
 (``shapes.py``):
 
 - the dense bf16 folder; W8A16 and W4A16 (group 32, symmetric) and W8A8 (per channel) folders
-  written by ``quant_checkpoint.py`` (compressed-tensors, round-to-nearest, head left bf16);
+  written by ``nanoserve quantize`` (compressed-tensors, round-to-nearest, head left bf16);
 - GGUFs of the dense, W8A16 and W4A16 folders (``gguf_export.py``: BF16, Q8_0, Q4_0 from the
   checkpoint's own integers and scales);
 - the decode arms (``quant_arms.py``): one request, ``--prompt-len`` random prompt ids,
@@ -73,13 +73,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def make_models(shape: str, seed: int = 0) -> dict:
     """The shape's dense folder, its quantized folders and the GGUFs, made once under build/."""
     from nanoserve.bench.gguf_export import export_gguf
-    from nanoserve.bench.quant_checkpoint import write_quantized
+    from nanoserve.quantize.command import quantize_checkpoint
 
     dense = shape_checkpoint(shape, seed=seed)
     folders = {"bf16": dense}
     for name in (*SCHEMES, "w8a8"):
-        folders[name] = write_quantized(dense, SHAPE_CACHE / f"{dense.name}-{name}"
-                                        f"{'-g32' if name != 'w8a8' else ''}", name, 32)
+        out = SHAPE_CACHE / f"{dense.name}-{name}{'-g32' if name != 'w8a8' else ''}"
+        if not (out / "config.json").is_file():  # made once; the tied head stays bf16
+            quantize_checkpoint(dense, out, name, 32 if name != "w8a8" else "channel")
+        folders[name] = out
     ggufs = {}
     for name in ("bf16", *SCHEMES):
         path = SHAPE_CACHE / "gguf" / f"{dense.name}-{GGUF_TYPE[name].lower()}.gguf"

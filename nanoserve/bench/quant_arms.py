@@ -28,8 +28,15 @@ from pathlib import Path
 import torch
 
 from nanoserve.bench.gguf_export import read_checkpoint
-from nanoserve.bench.quant_checkpoint import is_linear
 from nanoserve.quantization.weight import QuantizedWeight
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def is_linear(name: str) -> bool:
+    """A decoder layer's linear weight (``model.layers.N.*.{q,k,...}_proj.weight``)."""
+    return name.startswith("model.layers.") and name.endswith(".weight") and \
+        name.split(".")[-2] in LINEARS
 
 
 def step_bytes(checkpoint: Path) -> dict:

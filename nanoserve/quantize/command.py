@@ -91,6 +91,20 @@ def run(args: argparse.Namespace) -> Path:
                             DENSE_DTYPES[args.dtype])
 
 
+def quantize_checkpoint(model: str | Path, out: str | Path, scheme: str,
+                        group_size: int | None | str = "default", method: str = "rtn",
+                        symmetric: bool = True, calibration: str | None = None,
+                        num_samples: int = 128, seq_len: int = 512, damp: float = 0.01,
+                        dtype: str = "bfloat16") -> Path:
+    """What ``nanoserve quantize`` does, called from Python (the benches, the tests, a
+    chapter): the same flags as keywords, the same checks, the same folder."""
+    args = argparse.Namespace(model=str(model), out=str(out), scheme=scheme,
+                              group_size=group_size, method=method, calibration=calibration,
+                              asymmetric=not symmetric, num_samples=num_samples,
+                              seq_len=seq_len, damp=damp, dtype=dtype)
+    return run(args)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         out = run(args)
