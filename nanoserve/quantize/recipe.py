@@ -51,7 +51,10 @@ class Recipe:
 
     @classmethod
     def of(cls, scheme_name: str, group_size: int | None | str = "default", **kw) -> Recipe:
-        """The recipe with ``group_size`` defaulted per scheme (128; per channel for W8A8)."""
+        """The recipe with ``group_size`` defaulted per scheme (128; per channel for W8A8);
+        ``"channel"`` is None, one scale per output feature."""
+        if group_size == "channel":
+            group_size = None
         if group_size == "default":
             group_size = None if scheme(scheme_name)[1] is not None else DEFAULT_GROUP_SIZE
         return cls(scheme_name, group_size=group_size, **kw)
