@@ -1,0 +1,313 @@
+// Weight-only quantized matmul for decode-sized batches: int4 or int8 weights, float32 or bf16
+// rows, streamed once per step and widened in registers.
+//
+// A decode step reads every weight once, so its speed is bytes per second divided by bytes per
+// weight: int4 with a scale per 32 weights reads about a quarter of bf16's bytes. The weights
+// are repacked once, at load, into blocks of 32 output features (quant_gemm_avx512.h says how
+// each byte is laid out and why: nibbles unpacked by a shift and a 16-entry permute), and each
+// group of inputs is summed in float32 registers before its scale is applied once per output:
+//
+//   out[m, n] = bias[n] + sum_g scale[n, g] * (sum_{k in g} x[m, k] q[n, k] - zero[n, g] sx[m, g])
+//
+// with sx[m, g] the row's sum over group g (computed once per call, only with zero points).
+// The result is rounded to out's dtype once. Against dequantize-then-F.linear in float32 the
+// sums run in another order: equal to float32 rounding, not to the bit.
+//
+// isa "avx512" (AVX-512F/BW; bf16 rows with int4 weights by AVX512-BF16 dot products where the
+// CPU has them), "avx2" (AVX2 + FMA, compiled with a target attribute so a build for an
+// AVX-512 CPU carries both and the tests run both), or "auto": the widest built.
+#include "ops.h"
+#include "vec.h"
+
+#include "quant_gemm_avx2.h"
+#include "quant_gemm_avx512.h"
+
+#include <string>
+#include <vector>
+
+namespace nanoserve {
+
+namespace {
+
+constexpr int64_t kBlockN = 32;
+constexpr int64_t kMaxRows = 8;
+
+bool built(const std::string& isa) {
+#if defined(NANOSERVE_QUANT_AVX512)
+  const bool avx512 = true;
+#else
+  const bool avx512 = false;
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  const bool avx2 = false;
+#endif
+  if (isa == "avx512") return avx512;
+  if (isa == "avx2") return avx2;
+  return avx512 || avx2;  // "auto"
+}
+
+}  // namespace
+
+bool quant_gemm_available(const std::string& isa) {
+  TORCH_CHECK(isa == "auto" || isa == "avx512" || isa == "avx2", "quant_gemm: isa '", isa,
+              "'; choose 'auto', 'avx512' or 'avx2'");
+  return built(isa);
+}
+
+// "auto" -> the widest ISA built; a named one that is not built is refused.
+std::string resolve_isa(const std::string& isa, const char* op) {
+  TORCH_CHECK(quant_gemm_available(isa), op, ": isa '", isa,
+              "' is not built into these ops (this CPU or compiler lacks it)");
+  if (isa != "auto") return isa;
+  return built("avx512") ? "avx512" : "avx2";
+}
+
+at::Tensor pack_quant_weight(const at::Tensor& q, int64_t bits) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar,
+              "pack_quant_weight: q must be (N, K) int8, got ", q.sizes(), " ", q.scalar_type());
+  TORCH_CHECK(bits == 4 || bits == 8, "pack_quant_weight: bits must be 4 or 8, got ", bits);
+  const int64_t N = q.size(0), K = q.size(1), Nb = (N + kBlockN - 1) / kBlockN;
+  const at::Tensor w = q.contiguous();
+  const int8_t* src = w.data_ptr<int8_t>();
+  if (bits == 8) {  // (Nb, K, 32): block nb's outputs, k-major
+    at::Tensor out = at::zeros({Nb, K, kBlockN}, q.options());
+    int8_t* dst = out.data_ptr<int8_t>();
+    at::parallel_for(0, Nb, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t nb = lo; nb < hi; ++nb)
+        for (int64_t j = 0; j < kBlockN && nb * kBlockN + j < N; ++j)
+          for (int64_t k = 0; k < K; ++k)
+            dst[(nb * K + k) * kBlockN + j] = src[(nb * kBlockN + j) * K + k];
+    });
+    return out;
+  }
+  TORCH_CHECK(K % 8 == 0, "pack_quant_weight: int4 needs K a multiple of 8, got q ", q.sizes());
+  if (q.numel()) {
+    const auto [lo, hi] = at::aminmax(w);
+    TORCH_CHECK(lo.item<int8_t>() >= -8 && hi.item<int8_t>() <= 7,
+                "pack_quant_weight: int4 values must lie in [-8, 7], got [",
+                int(lo.item<int8_t>()), ", ", int(hi.item<int8_t>()), "]");
+  }
+  // (Nb, K/8, 128) bytes: chunk c holds two 64-byte lines (outputs 0-15, 16-31); each 32-bit
+  // lane is one output's nibbles, position p holding k = 8c + (p < 4 ? 2p : 2(p - 4) + 1)
+  at::Tensor out = at::zeros({Nb, K / 8, 128}, q.options().dtype(at::kByte));
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, Nb, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t nb = lo; nb < hi; ++nb)
+      for (int64_t j = 0; j < kBlockN && nb * kBlockN + j < N; ++j) {
+        const int8_t* row = src + (nb * kBlockN + j) * K;
+        for (int64_t c = 0; c < K / 8; ++c) {
+          uint32_t word = 0;
+          for (int p = 0; p < 8; ++p) {
+            const int64_t k = 8 * c + (p < 4 ? 2 * p : 2 * (p - 4) + 1);
+            word |= (static_cast<uint32_t>(row[k]) & 0xFu) << (4 * p);
+          }
+          std::memcpy(dst + (nb * (K / 8) + c) * 128 + (j / 16) * 64 + (j % 16) * 4, &word, 4);
+        }
+      }
+  });
+  return out;
+}
+
+namespace {
+
+struct Checked {
+  int64_t M, K, N, Nb, G;
+};
+
+Checked check(const char* op, const at::Tensor& out, const at::Tensor& x,
+              const at::Tensor& packed, const at::Tensor& scale,
+              const std::optional<at::Tensor>& zero, int64_t bits, int64_t group_size) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(x.dim() == 2 && (dtype == at::kFloat || dtype == at::kBFloat16) &&
+                  x.stride(1) == 1,
+              op, ": x must be (M, K) float32 or bfloat16 with unit stride over K, got ",
+              x.sizes(), " ", dtype);
+  TORCH_CHECK(bits == 4 || bits == 8, op, ": bits must be 4 or 8, got ", bits);
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(group_size > 0 && K % group_size == 0, op, ": group_size ", group_size,
+              " does not divide x's K=", K);
+  TORCH_CHECK(bits == 8 || group_size % 8 == 0, op,
+              ": int4 groups must be a multiple of 8 inputs, got group_size ", group_size);
+  const bool shape_ok = packed.dim() == 3 &&
+      (bits == 4 ? packed.scalar_type() == at::kByte && packed.size(1) * 8 == K &&
+                       packed.size(2) == 128
+                 : packed.scalar_type() == at::kChar && packed.size(1) == K &&
+                       packed.size(2) == kBlockN);
+  TORCH_CHECK(shape_ok && packed.is_contiguous(), op, ": packed ", packed.sizes(), " ",
+              packed.scalar_type(), " is not pack_quant_weight's ", bits, "-bit layout for K=", K);
+  const int64_t Nb = packed.size(0), N = out.size(1), G = K / group_size;
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == M && out.is_contiguous() &&
+                  out.scalar_type() == dtype && N <= Nb * kBlockN && N > (Nb - 1) * kBlockN,
+              op, ": out must be contiguous (", M, ", N) in x's dtype with N in (",
+              (Nb - 1) * kBlockN, ", ", Nb * kBlockN, "], got ", out.sizes(), " ",
+              out.scalar_type());
+  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == N && scale.size(1) == G &&
+                  scale.is_contiguous() &&
+                  (scale.scalar_type() == at::kFloat || scale.scalar_type() == at::kBFloat16),
+              op, ": scale must be contiguous (", N, ", ", G, ") float32 or bfloat16, got ",
+              scale.sizes(), " ", scale.scalar_type());
+  if (zero.has_value())
+    TORCH_CHECK(zero->sizes() == scale.sizes() && zero->scalar_type() == at::kChar &&
+                    zero->is_contiguous(),
+                op, ": zero must be contiguous (", N, ", ", G, ") int8, got ", zero->sizes(),
+                " ", zero->scalar_type());
+  return {M, K, N, Nb, G};
+}
+
+// Block nb's scales and zero points, transposed to (G, 32) float32 (zero past N).
+void block_params(const at::Tensor& scale, const std::optional<at::Tensor>& zero, int64_t nb,
+                  int64_t N, int64_t G, float* sc, float* zf) {
+  const bool bf = scale.scalar_type() == at::kBFloat16;
+  const float* s32 = bf ? nullptr : scale.data_ptr<float>();
+  const c10::BFloat16* s16 = bf ? scale.data_ptr<c10::BFloat16>() : nullptr;
+  const int8_t* z = zero.has_value() ? zero->data_ptr<int8_t>() : nullptr;
+  for (int64_t j = 0; j < kBlockN; ++j) {
+    const int64_t n = nb * kBlockN + j;
+    for (int64_t g = 0; g < G; ++g) {
+      const bool in = n < N;
+      sc[g * kBlockN + j] = !in ? 0.f : (bf ? float(s16[n * G + g]) : s32[n * G + g]);
+      if (z) zf[g * kBlockN + j] = in ? float(z[n * G + g]) : 0.f;
+    }
+  }
+}
+
+using Kernel = void (*)(const qavx512::Args&);
+
+}  // namespace
+
+void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
+                const at::Tensor& scale, const std::optional<at::Tensor>& zero, int64_t bits,
+                int64_t group_size, const std::optional<at::Tensor>& bias,
+                const std::string& isa_name) {
+  const auto [M, K, N, Nb, G] = check("quant_gemm", out, x, packed, scale, zero, bits,
+                                      group_size);
+  const bool f32 = x.scalar_type() == at::kFloat;
+  if (bias.has_value())
+    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == x.scalar_type() &&
+                    bias->is_contiguous(),
+                "quant_gemm: bias must be (", N, ",) in x's dtype, got ", bias->sizes(), " ",
+                bias->scalar_type());
+  const std::string isa = resolve_isa(isa_name, "quant_gemm");
+  if (M == 0 || N == 0) return;
+  const at::Tensor xf = x.to(at::kFloat).contiguous();  // (M, K) float32 rows
+  at::Tensor sx;  // (M, G): each row's group sums, for the zero points
+  if (zero.has_value()) sx = xf.view({M, G, group_size}).sum(-1).contiguous();
+  bool bf16_dp = false;
+  Kernel kernels[kMaxRows] = {};
+  int64_t tile = kMaxRows;
+  if (isa == "avx512") {
+#if defined(NANOSERVE_QUANT_AVX512)
+    using namespace qavx512;
+    if (bits == 8) {
+      const Kernel k8[] = {int8_f32<1>, int8_f32<2>, int8_f32<3>, int8_f32<4>,
+                           int8_f32<5>, int8_f32<6>, int8_f32<7>, int8_f32<8>};
+      std::copy(k8, k8 + kMaxRows, kernels);
+    } else {
+      const Kernel k4[] = {int4_f32<1>, int4_f32<2>, int4_f32<3>, int4_f32<4>,
+                           int4_f32<5>, int4_f32<6>, int4_f32<7>, int4_f32<8>};
+      std::copy(k4, k4 + kMaxRows, kernels);
+#if defined(NANOSERVE_QUANT_BF16_DP)
+      if (!f32) {
+        bf16_dp = true;
+        const Kernel kb[] = {int4_bf16<1>, int4_bf16<2>, int4_bf16<3>, int4_bf16<4>,
+                             int4_bf16<5>, int4_bf16<6>, int4_bf16<7>, int4_bf16<8>};
+        std::copy(kb, kb + kMaxRows, kernels);
+      }
+#endif
+    }
+#endif
+  } else {
+    using namespace qavx2;
+    tile = kTileRows;
+    const Kernel k8[] = {int8_tile<1>, int8_tile<2>, int8_tile<3>};
+    const Kernel k4[] = {int4_tile<1>, int4_tile<2>, int4_tile<3>};
+    std::copy(bits == 8 ? k8 : k4, (bits == 8 ? k8 : k4) + kTileRows, kernels);
+  }
+  const at::Tensor xb = bf16_dp ? x.contiguous() : at::Tensor();
+  const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
+  const int64_t block_bytes = packed.numel() / Nb * packed.element_size();
+  at::parallel_for(0, Nb, 4, [&](int64_t lo, int64_t hi) {
+    std::vector<float> sc(G * kBlockN), zf(zero.has_value() ? G * kBlockN : 0);
+    alignas(64) float acc[kMaxRows * kBlockN];
+    for (int64_t nb = lo; nb < hi; ++nb) {
+      block_params(scale, zero, nb, N, G, sc.data(), zf.data());
+      const int64_t n0 = nb * kBlockN, width = std::min<int64_t>(kBlockN, N - n0);
+      for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+        const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
+        std::fill(acc, acc + rows * kBlockN, 0.f);
+        for (int64_t t0 = 0; t0 < rows; t0 += tile) {
+          const int64_t r = std::min<int64_t>(tile, rows - t0), m = m0 + t0;
+          qavx512::Args a{xf.data_ptr<float>() + m * K,
+                          bf16_dp ? reinterpret_cast<const uint16_t*>(
+                                        xb.data_ptr<c10::BFloat16>()) + m * K
+                                  : nullptr,
+                          K, K, wp + nb * block_bytes, group_size, G, sc.data(),
+                          zero.has_value() ? zf.data() : nullptr,
+                          zero.has_value() ? sx.data_ptr<float>() + m * G : nullptr,
+                          acc + t0 * kBlockN};
+          kernels[r - 1](a);
+        }
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < width; ++j) {
+            float v = acc[i * kBlockN + j];
+            if (f32) {
+              if (bias.has_value()) v += bias->data_ptr<float>()[n0 + j];
+              out.data_ptr<float>()[(m0 + i) * N + n0 + j] = v;
+            } else {
+              if (bias.has_value()) v += float(bias->data_ptr<c10::BFloat16>()[n0 + j]);
+              out.data_ptr<c10::BFloat16>()[(m0 + i) * N + n0 + j] = c10::BFloat16(v);
+            }
+          }
+      }
+    }
+  });
+}
+
+void dequantize_into(at::Tensor& buf, const at::Tensor& packed, const at::Tensor& scale,
+                     const std::optional<at::Tensor>& zero, int64_t bits, int64_t group_size) {
+  TORCH_CHECK(buf.dim() == 2 && buf.is_contiguous() &&
+                  (buf.scalar_type() == at::kFloat || buf.scalar_type() == at::kBFloat16),
+              "dequantize_into: buf must be contiguous (N, K) float32 or bfloat16, got ",
+              buf.sizes(), " ", buf.scalar_type());
+  const int64_t N = buf.size(0), K = buf.size(1);
+  const at::Tensor x_like = at::empty({0, K}, buf.options());
+  at::Tensor out_like = at::empty({0, N}, buf.options());
+  const auto c = check("dequantize_into", out_like, x_like, packed, scale, zero, bits,
+                       group_size);
+  const int64_t G = c.G, Nb = c.Nb;
+  const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
+  const int64_t block_bytes = packed.numel() / Nb * packed.element_size();
+  at::parallel_for(0, Nb, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> sc(G * kBlockN), zf(G * kBlockN, 0.f), row(K);
+    for (int64_t nb = lo; nb < hi; ++nb) {
+      block_params(scale, zero, nb, N, G, sc.data(), zero.has_value() ? zf.data() : nullptr);
+      const uint8_t* wb = wp + nb * block_bytes;
+      for (int64_t j = 0; j < kBlockN && nb * kBlockN + j < N; ++j) {
+        for (int64_t k = 0; k < K; ++k) {
+          int q;
+          if (bits == 8) {
+            q = static_cast<int8_t>(wb[k * kBlockN + j]);
+          } else {
+            const int p = (k % 2 == 0) ? (k % 8) / 2 : 4 + (k % 8) / 2;
+            uint32_t word;
+            std::memcpy(&word, wb + (k / 8) * 128 + (j / 16) * 64 + (j % 16) * 4, 4);
+            q = static_cast<int>((word >> (4 * p)) & 0xF);
+            q = q >= 8 ? q - 16 : q;
+          }
+          const int64_t g = k / group_size;
+          row[k] = (float(q) - zf[g * kBlockN + j]) * sc[g * kBlockN + j];
+        }
+        const int64_t n = nb * kBlockN + j;
+        if (buf.scalar_type() == at::kFloat)
+          std::copy(row.begin(), row.end(), buf.data_ptr<float>() + n * K);
+        else
+          for (int64_t k = 0; k < K; ++k)
+            buf.data_ptr<c10::BFloat16>()[n * K + k] = c10::BFloat16(row[k]);
+      }
+    }
+  });
+}
+
+}  // namespace nanoserve

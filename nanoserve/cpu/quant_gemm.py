@@ -1,0 +1,245 @@
+"""Quantized linears on a CPU: the C++ kernels' Python face, and which batches they take.
+
+Why this module exists: a decode step reads every weight once, so int4 and int8 weights are
+only worth their fewer bytes if a kernel streams them without first widening them in memory.
+``csrc/quant_gemm.cpp`` does that for weight-only schemes (int4 or int8 weights, group scales and
+zero points, float32 or bf16 activations, AVX-512 or AVX2 + FMA), and ``csrc/int8_gemm.cpp`` for
+W8A8 (activations rounded to int8 per token inside the call, int8 dot products by AVX-512 VNNI,
+else AVX2 ``madd``). Past a few rows a blocked GEMM on a dequantized copy wins (the kernel
+re-streams the weight for every 8 rows); ``choose`` finds the crossing for each shape by
+measurement and caches it per machine in ``build/quant_gemm.json``, as ``small_gemm.choose``
+does. ``dequantize_into`` writes the weight out in float32 or bf16 for that path (bit-equal to
+``QuantizedWeight.dequantize`` in float32; in C++, several times faster than the PyTorch one).
+
+Measured by ``python -m nanoserve.cpu.quant_gemm`` on a 2-core AMD EPYC (Zen 5, AVX-512 with
+VNNI and BF16), one thread, bf16 rows, SmolLM2-135M shapes: see MEASURED below.
+
+    packed = pack(q, bits=4)                                     # q (N, K) int8, at load
+    y = gemm(x, packed, scale, zero, 4, 32, bias, N)             # x (..., K) -> (..., N)
+    p8 = pack_int8(q8); y = int8_gemm(x, p8, w_scale, bias, N)   # W8A8
+    rows = choose(N, K, 4, 32, torch.bfloat16)                   # the kernel for <= rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from nanoserve.cpu import csrc
+from nanoserve.cpu.measured import best_interleaved, cache_dir, cached, machine_key
+
+ISAS = ("auto", "avx512", "avx2")
+ROWS = (1, 2, 4, 8, 16, 32, 64)  # batches timed by choose(), up to a prompt chunk
+REPS = 7
+BUDGET_S = 0.5  # per timed batch size
+
+MEASURED = """(filled in from the bench)"""
+
+
+def unavailable(bits: int, dtype: torch.dtype) -> str | None:
+    """Why the weight-only kernel cannot run here for ``bits``-bit weights and ``dtype`` rows,
+    or None. (Shapes are checked per call: int4 needs groups of a multiple of 8 inputs.)"""
+    if bits not in (4, 8):
+        return f"no kernel for {bits}-bit weights (4 or 8)"
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"the quantized kernels take float32 or bfloat16 activations, not {dtype}"
+    if why := csrc.load():
+        return why
+    if not torch.ops.nanoserve.quant_gemm_available("auto"):
+        return "the C++ ops were built without AVX-512 or AVX2 with FMA"
+    return None
+
+
+def isas() -> list[str]:
+    """The instruction sets the kernels can be forced to here (tests run each)."""
+    if csrc.load():
+        return []
+    return [i for i in ISAS[1:] if torch.ops.nanoserve.quant_gemm_available(i)]
+
+
+def shape_unsupported(K: int, bits: int, group_size: int) -> str | None:
+    """Why a (N, K) weight in groups of ``group_size`` cannot take the kernel, or None."""
+    if group_size < 1 or K % group_size:
+        return f"group_size {group_size} does not divide K={K}"
+    if bits == 4 and group_size % 8:
+        return f"int4 groups must be a multiple of 8 inputs, got {group_size}"
+    return None
+
+
+def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """q (N, K) int8, signed ``bits``-bit values -> the kernel's packed copy (made once)."""
+    return torch.ops.nanoserve.pack_quant_weight(q, bits)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])  # (M, K)
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+         zero: torch.Tensor | None, bits: int, group_size: int, bias: torch.Tensor | None,
+         out_features: int, isa: str = "auto") -> torch.Tensor:
+    """x (..., K) float32 or bf16 -> (..., N) in x's dtype; scale (N, G) float32 or bf16, zero
+    (N, G) int8 or None, bias (N,) in x's dtype or None."""
+    x2 = _rows(x)
+    out = x2.new_empty(x2.shape[0], out_features)
+    torch.ops.nanoserve.quant_gemm(out, x2, packed, scale, zero, bits, group_size, bias, isa)
+    return out.view(*x.shape[:-1], out_features)
+
+
+def dequantize_into(buf: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                    zero: torch.Tensor | None, bits: int, group_size: int) -> torch.Tensor:
+    """The packed weight written out into ``buf`` (N, K) float32 or bf16; returns ``buf``."""
+    torch.ops.nanoserve.dequantize_into(buf, packed, scale, zero, bits, group_size)
+    return buf
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """W8A8: q (N, K) int8 -> the packed copy int8_gemm reads (with per-column sums)."""
+    return torch.ops.nanoserve.pack_int8_weight(q)
+
+
+def int8_gemm(x: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor,
+              bias: torch.Tensor | None, out_features: int, isa: str = "auto") -> torch.Tensor:
+    """W8A8: x (..., K) float32 or bf16, quantized per token inside; w_scale (N,) float32."""
+    x2 = _rows(x)
+    out = x2.new_empty(x2.shape[0], out_features)
+    torch.ops.nanoserve.int8_gemm(out, x2, packed, w_scale, bias, isa)
+    return out.view(*x.shape[:-1], out_features)
+
+
+def _random_weight(N: int, K: int, bits: int, group_size: int, g: torch.Generator):
+    hi = (1 << (bits - 1)) - 1
+    q = torch.randint(-hi - 1, hi + 1, (N, K), generator=g, dtype=torch.int8)
+    scale = torch.rand(N, K // group_size, generator=g) / 64 + 1e-3
+    return q, scale
+
+
+def measure(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype,
+            rows: tuple[int, ...] = ROWS) -> dict[int, float]:
+    """(dequantize_into + F.linear) time / kernel time at each row count, random weights."""
+    g = torch.Generator().manual_seed(0)
+    q, scale = _random_weight(N, K, bits, group_size, g)
+    packed, buf = pack(q, bits), torch.empty(N, K, dtype=dtype)
+    ratios = {}
+    for m in rows:
+        x = torch.randn(m, K, generator=g).to(dtype)
+
+        def other(x=x):
+            return F.linear(x, dequantize_into(buf, packed, scale, None, bits, group_size))
+
+        best = best_interleaved([lambda x=x: gemm(x, packed, scale, None, bits, group_size,
+                                                  None, N), other], REPS, BUDGET_S)
+        ratios[m] = best[1] / best[0]
+    return ratios
+
+
+def choose(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype) -> int:
+    """The largest batch the kernel takes (0: none): the largest timed row count at which it
+    beats dequantize-into-a-buffer then ``F.linear``, stopping at the first loss. Cached per
+    machine, shape, bits, group, dtype and build of the kernels."""
+    if unavailable(bits, dtype) or shape_unsupported(K, bits, group_size):
+        return 0
+    key = (f"{machine_key()}|{N}x{K}|int{bits} g{group_size}|{str(dtype).removeprefix('torch.')}"
+           f"|rows {','.join(map(str, ROWS))}|ops {csrc.build_key()}")
+
+    def verdict() -> dict:
+        ratios, best = measure(N, K, bits, group_size, dtype), 0
+        for m in ROWS:
+            if ratios[m] < 1.0:
+                break
+            best = m
+        return {"rows": best, "linear_over_kernel": {str(m): round(r, 3)
+                                                     for m, r in ratios.items()}}
+    return int(cached("quant_gemm.json", key, verdict, cache_dir() / "quant_gemm.json")["rows"])
+
+
+SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576))  # SmolLM2-135M (N, K)
+
+
+def _timed(fn, reps: int = 30) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_decode(rows: tuple[int, ...], isa: str) -> None:
+    """GB/s and us per call of the int4/int8 g32 kernels against bf16 small_gemm."""
+    g = torch.Generator().manual_seed(0)
+    print(f"{'N x K':>12} {'M':>2} | {'bf16 us':>8} {'GB/s':>5} | {'int8 us':>8} {'GB/s':>5} "
+          f"{'x bf16':>6} | {'int4 us':>8} {'GB/s':>5} {'x bf16':>6}")
+    for N, K in SHAPES:
+        w = torch.randn(N, K, generator=g).to(torch.bfloat16)
+        small = torch.ops.nanoserve.pack_small_gemm(w)
+        quant = {b: (pack(q, b), s.to(torch.bfloat16))
+                 for b in (8, 4) for q, s in [_random_weight(N, K, b, 32, g)]}
+        for m in rows:
+            x = torch.randn(m, K, generator=g).to(torch.bfloat16)
+            out = torch.empty(m, N, dtype=torch.bfloat16)
+            t16 = _timed(lambda: torch.ops.nanoserve.small_gemm(out, x, small, None))
+            line = f"{N:>6} x {K:<4} {m:>2} | {t16 * 1e6:8.1f} {w.nbytes / t16 / 1e9:5.1f} |"
+            for b in (8, 4):
+                p, s = quant[b]
+                t = _timed(lambda p=p, s=s, b=b: gemm(x, p, s, None, b, 32, None, N, isa))
+                nbytes = p.nbytes + s.nbytes
+                line += f" {t * 1e6:8.1f} {nbytes / t / 1e9:5.1f} {t16 / t:5.2f}x |"
+            print(line.rstrip(" |"))
+
+
+def bench_w8a8(rows: tuple[int, ...]) -> None:
+    """W8A8 prefill: the kernel and torch._int_mm (oneDNN s8s8, quantization in PyTorch)
+    against bf16 F.linear, float32 F.linear; us per call."""
+    g = torch.Generator().manual_seed(0)
+    print(f"{'N x K':>12} {'M':>4} | {'bf16':>8} {'f32':>8} {'w8a8':>8} {'_int_mm':>8} | "
+          f"{'bf16/w8a8':>9} {'bf16/_int_mm':>12}")
+    for N, K in SHAPES[:4]:
+        w = torch.randn(N, K, generator=g)
+        w16 = w.to(torch.bfloat16)
+        q = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+        ws = torch.rand(N, generator=g) / 100
+        packed, qt = pack_int8(q), q.t().contiguous()
+        for m in rows:
+            x = torch.randn(m, K, generator=g)
+            x16 = x.to(torch.bfloat16)
+
+            def int_mm(x=x16):
+                xf = x.float()
+                s = xf.abs().amax(-1, keepdim=True) / 127
+                xq = torch.round(xf / s).clamp(-128, 127).to(torch.int8)
+                return (torch._int_mm(xq, qt).float() * s * ws).to(x.dtype)
+
+            t16 = _timed(lambda x16=x16: F.linear(x16, w16), 10)
+            t32 = _timed(lambda x=x: F.linear(x, w), 10)
+            t8 = _timed(lambda x16=x16: int8_gemm(x16, packed, ws, None, N), 10)
+            tmm = _timed(int_mm, 10)
+            print(f"{N:>6} x {K:<4} {m:>4} | {t16 * 1e6:8.1f} {t32 * 1e6:8.1f} {t8 * 1e6:8.1f} "
+                  f"{tmm * 1e6:8.1f} | {t16 / t8:8.2f}x {t16 / tmm:11.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--isa", default="auto", choices=ISAS)
+    ap.add_argument("--prefill", action="store_true", help="W8A8 prefill rows instead")
+    args = ap.parse_args(argv)
+    if why := unavailable(4, torch.bfloat16):
+        print(f"quantized kernels unavailable: {why}")
+        return 1
+    torch.set_num_threads(args.threads)
+    print(f"{csrc.cpu_model()}, {args.threads} thread(s), isa {args.isa}")
+    if args.prefill:
+        bench_w8a8((64, 512))
+    else:
+        bench_decode((1, 2, 4, 8), args.isa)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
