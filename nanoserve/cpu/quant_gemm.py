@@ -74,19 +74,42 @@ def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.ops.nanoserve.pack_quant_weight(q, bits)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    x2 = x.reshape(-1, x.shape[-1])  # (M, K)
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+def pack_scales(scale: torch.Tensor, zero: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """scale (N, G) and zero (N, G) int8 or None -> the kernel's (N/32, G, 32) float32 copies,
+    made once at load: ``gemm`` takes these in place of the (N, G) tensors, which it would
+    otherwise transpose block by block on every call (a quarter of an int4 g32 call's time)."""
+    N, G = scale.shape
+    pad = -N % 32
+
+    def blocked(t: torch.Tensor) -> torch.Tensor:
+        t = F.pad(t.to(torch.float32), (0, 0, 0, pad))  # (N + pad, G), zero rows
+        return t.view(-1, 32, G).transpose(1, 2).contiguous()  # (Nb, G, 32)
+    return blocked(scale), None if zero is None else blocked(zero)
+
+
+_OPS: dict[str, object] = {}
+
+
+def _op(name: str):
+    """torch.ops.nanoserve.<name>, looked up once (the lookup costs about a microsecond)."""
+    if name not in _OPS:
+        _OPS[name] = getattr(torch.ops.nanoserve, name)
+    return _OPS[name]
 
 
 def gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
          zero: torch.Tensor | None, bits: int, group_size: int, bias: torch.Tensor | None,
          out_features: int, isa: str = "auto") -> torch.Tensor:
-    """x (..., K) float32 or bf16 -> (..., N) in x's dtype; scale (N, G) float32 or bf16, zero
-    (N, G) int8 or None, bias (N,) in x's dtype or None."""
-    x2 = _rows(x)
-    out = x2.new_empty(x2.shape[0], out_features)
-    torch.ops.nanoserve.quant_gemm(out, x2, packed, scale, zero, bits, group_size, bias, isa)
+    """x (..., K) float32 or bf16 -> (..., N) in x's dtype; scale (N, G) float32 or bf16 and
+    zero (N, G) int8 or None, or both from ``pack_scales`` (faster); bias (N,) in x's dtype."""
+    if x.dim() == 2 and x.stride(1) == 1:
+        out = torch.empty((x.shape[0], out_features), dtype=x.dtype)
+        _op("quant_gemm")(out, x, packed, scale, zero, bits, group_size, bias, isa)
+        return out
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()  # (M, K)
+    out = torch.empty((x2.shape[0], out_features), dtype=x.dtype)
+    _op("quant_gemm")(out, x2, packed, scale, zero, bits, group_size, bias, isa)
     return out.view(*x.shape[:-1], out_features)
 
 
@@ -105,9 +128,9 @@ def pack_int8(q: torch.Tensor) -> torch.Tensor:
 def int8_gemm(x: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor,
               bias: torch.Tensor | None, out_features: int, isa: str = "auto") -> torch.Tensor:
     """W8A8: x (..., K) float32 or bf16, quantized per token inside; w_scale (N,) float32."""
-    x2 = _rows(x)
-    out = x2.new_empty(x2.shape[0], out_features)
-    torch.ops.nanoserve.int8_gemm(out, x2, packed, w_scale, bias, isa)
+    x2 = x.reshape(-1, x.shape[-1])  # (M, K)
+    out = torch.empty((x2.shape[0], out_features), dtype=x.dtype)
+    _op("int8_gemm")(out, x2, packed, w_scale, bias, isa)
     return out.view(*x.shape[:-1], out_features)
 
 

@@ -143,6 +143,18 @@ Checked check(const char* op, const at::Tensor& out, const at::Tensor& x,
               op, ": out must be contiguous (", M, ", N) in x's dtype with N in (",
               (Nb - 1) * kBlockN, ", ", Nb * kBlockN, "], got ", out.sizes(), " ",
               out.scalar_type());
+  if (scale.dim() == 3) {  // pack_scales' (Nb, G, 32) float32 copies
+    TORCH_CHECK(scale.size(0) == Nb && scale.size(1) == G && scale.size(2) == kBlockN &&
+                    scale.scalar_type() == at::kFloat && scale.is_contiguous(),
+                op, ": a packed scale must be contiguous (", Nb, ", ", G, ", 32) float32, got ",
+                scale.sizes(), " ", scale.scalar_type());
+    if (zero.has_value())
+      TORCH_CHECK(zero->sizes() == scale.sizes() && zero->scalar_type() == at::kFloat &&
+                      zero->is_contiguous(),
+                  op, ": with a packed scale, zero must be packed too: (", Nb, ", ", G,
+                  ", 32) float32, got ", zero->sizes(), " ", zero->scalar_type());
+    return {M, K, N, Nb, G};
+  }
   TORCH_CHECK(scale.dim() == 2 && scale.size(0) == N && scale.size(1) == G &&
                   scale.is_contiguous() &&
                   (scale.scalar_type() == at::kFloat || scale.scalar_type() == at::kBFloat16),
@@ -156,22 +168,63 @@ Checked check(const char* op, const at::Tensor& out, const at::Tensor& x,
   return {M, K, N, Nb, G};
 }
 
-// Block nb's scales and zero points, transposed to (G, 32) float32 (zero past N).
-void block_params(const at::Tensor& scale, const std::optional<at::Tensor>& zero, int64_t nb,
-                  int64_t N, int64_t G, float* sc, float* zf) {
-  const bool bf = scale.scalar_type() == at::kBFloat16;
-  const float* s32 = bf ? nullptr : scale.data_ptr<float>();
-  const c10::BFloat16* s16 = bf ? scale.data_ptr<c10::BFloat16>() : nullptr;
-  const int8_t* z = zero.has_value() ? zero->data_ptr<int8_t>() : nullptr;
-  for (int64_t j = 0; j < kBlockN; ++j) {
-    const int64_t n = nb * kBlockN + j;
-    for (int64_t g = 0; g < G; ++g) {
-      const bool in = n < N;
-      sc[g * kBlockN + j] = !in ? 0.f : (bf ? float(s16[n * G + g]) : s32[n * G + g]);
-      if (z) zf[g * kBlockN + j] = in ? float(z[n * G + g]) : 0.f;
+// A block's scales and zero points as (G, 32) float32: pointers into pack_scales' copies, or,
+// from (N, G) tensors, transposed into this thread's buffers on every call (about one cycle a
+// scale: a quarter of an int4 g32 block's streaming time, which is why pack_scales exists).
+class BlockScales {
+ public:
+  BlockScales(const at::Tensor& scale, const std::optional<at::Tensor>& zero, int64_t N,
+              int64_t G)
+      : packed_(scale.dim() == 3), has_zero_(zero.has_value()), N_(N), G_(G) {
+    if (packed_) {
+      s32_ = scale.data_ptr<float>();
+      zp_ = has_zero_ ? zero->data_ptr<float>() : nullptr;
+      return;
+    }
+    bf_ = scale.scalar_type() == at::kBFloat16;
+    if (bf_) s16_ = scale.data_ptr<c10::BFloat16>();
+    else s32_ = scale.data_ptr<float>();
+    z8_ = has_zero_ ? zero->data_ptr<int8_t>() : nullptr;
+    sc_.assign(G * kBlockN, 0.f);
+    if (has_zero_) zf_.assign(G * kBlockN, 0.f);
+  }
+
+  const float* scale(int64_t nb) const {
+    return packed_ ? s32_ + nb * G_ * kBlockN : sc_.data();
+  }
+  const float* zero(int64_t nb) const {
+    if (!has_zero_) return nullptr;
+    return packed_ ? zp_ + nb * G_ * kBlockN : zf_.data();
+  }
+
+  void load(int64_t nb) {  // transpose block nb's rows (a no-op for packed copies)
+    if (packed_) return;
+    const int64_t n0 = nb * kBlockN, width = std::min<int64_t>(kBlockN, N_ - n0);
+    if (width < kBlockN) {
+      std::fill(sc_.begin(), sc_.end(), 0.f);
+      std::fill(zf_.begin(), zf_.end(), 0.f);
+    }
+    for (int64_t j = 0; j < width; ++j) {
+      float* d = sc_.data() + j;
+      const int64_t r = (n0 + j) * G_;
+      if (bf_)
+        for (int64_t g = 0; g < G_; ++g) d[g * kBlockN] = float(s16_[r + g]);
+      else
+        for (int64_t g = 0; g < G_; ++g) d[g * kBlockN] = s32_[r + g];
+      if (z8_)
+        for (int64_t g = 0; g < G_; ++g) zf_[g * kBlockN + j] = float(z8_[r + g]);
     }
   }
-}
+
+ private:
+  bool packed_, has_zero_, bf_ = false;
+  int64_t N_, G_;
+  const float* s32_ = nullptr;
+  const c10::BFloat16* s16_ = nullptr;
+  const float* zp_ = nullptr;
+  const int8_t* z8_ = nullptr;
+  std::vector<float> sc_, zf_;
+};
 
 using Kernel = void (*)(const qavx512::Args&);
 
@@ -191,9 +244,6 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                 bias->scalar_type());
   const std::string isa = resolve_isa(isa_name, "quant_gemm");
   if (M == 0 || N == 0) return;
-  const at::Tensor xf = x.to(at::kFloat).contiguous();  // (M, K) float32 rows
-  at::Tensor sx;  // (M, G): each row's group sums, for the zero points
-  if (zero.has_value()) sx = xf.view({M, G, group_size}).sum(-1).contiguous();
   bool bf16_dp = false;
   Kernel kernels[kMaxRows] = {};
   int64_t tile = kMaxRows;
@@ -225,41 +275,65 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
     const Kernel k4[] = {int4_tile<1>, int4_tile<2>, int4_tile<3>};
     std::copy(bits == 8 ? k8 : k4, (bits == 8 ? k8 : k4) + kTileRows, kernels);
   }
-  const at::Tensor xb = bf16_dp ? x.contiguous() : at::Tensor();
+  // the rows transposed per tile of 8 (quant_gemm_avx512.h): float32 (T, K, 8) for the float
+  // path, bf16 k-pairs (T, K/2, 8) for the dot products; and the group sums (M, G) for zeros
+  const int64_t T = (M + kMaxRows - 1) / kMaxRows;
+  std::vector<float> xt(bf16_dp ? 0 : T * K * kMaxRows, 0.f);
+  std::vector<int32_t> xbt(bf16_dp ? T * (K / 2) * kMaxRows : 0, 0);
+  std::vector<float> sx(zero.has_value() ? M * G : 0, 0.f);
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t t = m / kMaxRows, r = m % kMaxRows;
+    if (f32) {
+      const float* row = x.data_ptr<float>() + m * x.stride(0);
+      for (int64_t k = 0; k < K; ++k) {
+        if (!bf16_dp) xt[(t * K + k) * kMaxRows + r] = row[k];
+        if (!sx.empty()) sx[m * G + k / group_size] += row[k];
+      }
+    } else {
+      const c10::BFloat16* row = x.data_ptr<c10::BFloat16>() + m * x.stride(0);
+      for (int64_t k = 0; k < K; ++k) {
+        if (!bf16_dp) xt[(t * K + k) * kMaxRows + r] = float(row[k]);
+        if (!sx.empty()) sx[m * G + k / group_size] += float(row[k]);
+      }
+      if (bf16_dp)
+        for (int64_t kk = 0; kk < K / 2; ++kk)
+          std::memcpy(&xbt[(t * (K / 2) + kk) * kMaxRows + r], row + 2 * kk, 4);
+    }
+  }
   const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
   const int64_t block_bytes = packed.numel() / Nb * packed.element_size();
+  float* of = f32 ? out.data_ptr<float>() : nullptr;
+  c10::BFloat16* ob = f32 ? nullptr : out.data_ptr<c10::BFloat16>();
+  const float* bf = f32 && bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const c10::BFloat16* bb = !f32 && bias.has_value() ? bias->data_ptr<c10::BFloat16>() : nullptr;
   at::parallel_for(0, Nb, 4, [&](int64_t lo, int64_t hi) {
-    std::vector<float> sc(G * kBlockN), zf(zero.has_value() ? G * kBlockN : 0);
+    BlockScales params(scale, zero, N, G);
     alignas(64) float acc[kMaxRows * kBlockN];
     for (int64_t nb = lo; nb < hi; ++nb) {
-      block_params(scale, zero, nb, N, G, sc.data(), zf.data());
+      params.load(nb);
       const int64_t n0 = nb * kBlockN, width = std::min<int64_t>(kBlockN, N - n0);
       for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
         const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
         std::fill(acc, acc + rows * kBlockN, 0.f);
         for (int64_t t0 = 0; t0 < rows; t0 += tile) {
           const int64_t r = std::min<int64_t>(tile, rows - t0), m = m0 + t0;
-          qavx512::Args a{xf.data_ptr<float>() + m * K,
-                          bf16_dp ? reinterpret_cast<const uint16_t*>(
-                                        xb.data_ptr<c10::BFloat16>()) + m * K
-                                  : nullptr,
-                          K, K, wp + nb * block_bytes, group_size, G, sc.data(),
-                          zero.has_value() ? zf.data() : nullptr,
-                          zero.has_value() ? sx.data_ptr<float>() + m * G : nullptr,
+          const int64_t t = m0 / kMaxRows;
+          qavx512::Args a{bf16_dp ? nullptr : xt.data() + t * K * kMaxRows + t0,
+                          bf16_dp ? xbt.data() + t * (K / 2) * kMaxRows + t0 : nullptr,
+                          wp + nb * block_bytes, group_size, G, params.scale(nb),
+                          params.zero(nb), sx.empty() ? nullptr : sx.data() + m * G,
                           acc + t0 * kBlockN};
           kernels[r - 1](a);
         }
-        for (int64_t i = 0; i < rows; ++i)
-          for (int64_t j = 0; j < width; ++j) {
-            float v = acc[i * kBlockN + j];
-            if (f32) {
-              if (bias.has_value()) v += bias->data_ptr<float>()[n0 + j];
-              out.data_ptr<float>()[(m0 + i) * N + n0 + j] = v;
-            } else {
-              if (bias.has_value()) v += float(bias->data_ptr<c10::BFloat16>()[n0 + j]);
-              out.data_ptr<c10::BFloat16>()[(m0 + i) * N + n0 + j] = c10::BFloat16(v);
-            }
-          }
+        for (int64_t i = 0; i < rows; ++i) {
+          const float* a = acc + i * kBlockN;
+          const int64_t o = (m0 + i) * N + n0;
+          if (f32)
+            for (int64_t j = 0; j < width; ++j) of[o + j] = a[j] + (bf ? bf[n0 + j] : 0.f);
+          else
+            for (int64_t j = 0; j < width; ++j)
+              ob[o + j] = c10::BFloat16(a[j] + (bb ? float(bb[n0 + j]) : 0.f));
+        }
       }
     }
   });
@@ -280,9 +354,12 @@ void dequantize_into(at::Tensor& buf, const at::Tensor& packed, const at::Tensor
   const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
   const int64_t block_bytes = packed.numel() / Nb * packed.element_size();
   at::parallel_for(0, Nb, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> sc(G * kBlockN), zf(G * kBlockN, 0.f), row(K);
+    BlockScales params(scale, zero, N, G);
+    std::vector<float> row(K);
     for (int64_t nb = lo; nb < hi; ++nb) {
-      block_params(scale, zero, nb, N, G, sc.data(), zero.has_value() ? zf.data() : nullptr);
+      params.load(nb);
+      const float* sc = params.scale(nb);
+      const float* zf = params.zero(nb);
       const uint8_t* wb = wp + nb * block_bytes;
       for (int64_t j = 0; j < kBlockN && nb * kBlockN + j < N; ++j) {
         for (int64_t k = 0; k < K; ++k) {
@@ -297,7 +374,7 @@ void dequantize_into(at::Tensor& buf, const at::Tensor& packed, const at::Tensor
             q = q >= 8 ? q - 16 : q;
           }
           const int64_t g = k / group_size;
-          row[k] = (float(q) - zf[g * kBlockN + j]) * sc[g * kBlockN + j];
+          row[k] = (float(q) - (zf ? zf[g * kBlockN + j] : 0.f)) * sc[g * kBlockN + j];
         }
         const int64_t n = nb * kBlockN + j;
         if (buf.scalar_type() == at::kFloat)

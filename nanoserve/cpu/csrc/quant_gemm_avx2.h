@@ -62,7 +62,7 @@ NANOSERVE_AVX2_FN inline void int4_step(const Args& a, const float* xk, const __
   NANOSERVE_UNROLL_Q for (int c = 0; c < 4; ++c) w[c] = nibble<P>(l[c]);
   constexpr int k = P < 4 ? 2 * P : 2 * (P - 4) + 1;
   NANOSERVE_UNROLL_Q for (int m = 0; m < R; ++m) {
-    const __m256 xv = _mm256_broadcast_ss(xk + m * a.ldx + k);
+    const __m256 xv = _mm256_broadcast_ss(xk + k * qavx512::kRowsT + m);
     NANOSERVE_UNROLL_Q for (int c = 0; c < 4; ++c)
       acc[P % S][m][c] = _mm256_fmadd_ps(xv, w[c], acc[P % S][m][c]);
   }
@@ -83,7 +83,7 @@ NANOSERVE_AVX2_FN void int4_tile(const Args& a) {
       __m256i l[4];
       NANOSERVE_UNROLL_Q for (int q = 0; q < 4; ++q)
         l[q] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32 * q));
-      const float* xk = a.x + c * 8;
+      const float* xk = a.x + c * 8 * qavx512::kRowsT;
       int4_step<R, S, 0>(a, xk, l, acc);
       int4_step<R, S, 1>(a, xk, l, acc);
       int4_step<R, S, 2>(a, xk, l, acc);
@@ -105,7 +105,7 @@ NANOSERVE_AVX2_FN inline void int8_step(const Args& a, int64_t k, __m256 (&acc)[
     w[c] = _mm256_cvtepi32_ps(
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * c))));
   NANOSERVE_UNROLL_Q for (int m = 0; m < R; ++m) {
-    const __m256 xv = _mm256_broadcast_ss(a.x + m * a.ldx + k);
+    const __m256 xv = _mm256_broadcast_ss(a.x + k * qavx512::kRowsT + m);
     NANOSERVE_UNROLL_Q for (int c = 0; c < 4; ++c)
       acc[m][c] = _mm256_fmadd_ps(xv, w[c], acc[m][c]);
   }

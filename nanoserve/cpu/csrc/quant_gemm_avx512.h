@@ -32,10 +32,13 @@ constexpr int64_t kBlockN = 32;
 constexpr int64_t kPrefetch = 8192;  // bytes ahead in the weight stream
 #define NANOSERVE_UNROLL_Q _Pragma("GCC unroll 8")
 
+// The rows come transposed, 8 to a k, so that every broadcast is one address off one pointer:
+// x[k * 8 + m] (float32) and xb[(k / 2) * 8 + m] (a bf16 k-pair as one 32-bit word).
+constexpr int64_t kRowsT = 8;
+
 struct Args {
-  const float* x;       // (M, ldx) float32 rows (the float path)
-  const uint16_t* xb;   // (M, ldxb) bf16 rows (the bf16 path), or null
-  int64_t ldx, ldxb;
+  const float* x;       // (K, 8) float32 rows (the float path)
+  const int32_t* xb;    // (K / 2, 8) bf16 pairs (the bf16 path), or null
   const uint8_t* w;     // this block
   int64_t group_size, groups;
   const float* scale;   // (G, 32): this block's scales, transposed
@@ -89,13 +92,13 @@ void int4_f32(const Args& a) {
       const uint8_t* line = a.w + c * 128;
       prefetch_lines(line);
       const __m512i l0 = _mm512_loadu_si512(line), l1 = _mm512_loadu_si512(line + 64);
-      const float* xk = a.x + c * 8;
+      const float* xk = a.x + c * 8 * kRowsT;
       NANOSERVE_UNROLL_Q for (int p = 0; p < 8; ++p) {
         const __m512 w0 = _mm512_permutexvar_ps(_mm512_srli_epi32(l0, 4 * p), table);
         const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(l1, 4 * p), table);
         const int k = p < 4 ? 2 * p : 2 * (p - 4) + 1;
         NANOSERVE_UNROLL_Q for (int m = 0; m < M; ++m) {
-          const __m512 xv = _mm512_set1_ps(xk[m * a.ldx + k]);
+          const __m512 xv = _mm512_set1_ps(xk[k * kRowsT + m]);
           acc[p % S][m][0] = _mm512_fmadd_ps(xv, w0, acc[p % S][m][0]);
           acc[p % S][m][1] = _mm512_fmadd_ps(xv, w1, acc[p % S][m][1]);
         }
@@ -126,14 +129,12 @@ void int4_bf16(const Args& a) {
       const uint8_t* line = a.w + c * 128;
       prefetch_lines(line);
       const __m512i l0 = _mm512_loadu_si512(line), l1 = _mm512_loadu_si512(line + 64);
-      const uint16_t* xk = a.xb + c * 8;
+      const int32_t* xk = a.xb + c * 4 * kRowsT;
       NANOSERVE_UNROLL_Q for (int i = 0; i < 4; ++i) {
         const __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(l0, 4 * i), table);
         const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(l1, 4 * i), table);
         NANOSERVE_UNROLL_Q for (int m = 0; m < M; ++m) {
-          int32_t pair;
-          __builtin_memcpy(&pair, xk + m * a.ldxb + 2 * i, 4);
-          const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+          const __m512bh xv = (__m512bh)_mm512_set1_epi32(xk[i * kRowsT + m]);
           acc[i % S][m][0] = _mm512_dpbf16_ps(acc[i % S][m][0], xv, w0);
           acc[i % S][m][1] = _mm512_dpbf16_ps(acc[i % S][m][1], xv, w1);
         }
@@ -159,7 +160,7 @@ void int8_f32(const Args& a) {
       const __m512 w1 = _mm512_cvtepi32_ps(
           _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16))));
       NANOSERVE_UNROLL_Q for (int m = 0; m < M; ++m) {
-        const __m512 xv = _mm512_set1_ps(a.x[m * a.ldx + k]);
+        const __m512 xv = _mm512_set1_ps(a.x[k * kRowsT + m]);
         ac[m][0] = _mm512_fmadd_ps(xv, w0, ac[m][0]);
         ac[m][1] = _mm512_fmadd_ps(xv, w1, ac[m][1]);
       }
