@@ -23,6 +23,7 @@ VNNI and BF16), one thread, bf16 rows, SmolLM2-135M shapes: see MEASURED below.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -147,6 +148,7 @@ def measure(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype,
     g = torch.Generator().manual_seed(0)
     q, scale = _random_weight(N, K, bits, group_size, g)
     packed, buf = pack(q, bits), torch.empty(N, K, dtype=dtype)
+    blocked = pack_scales(scale, None)[0]
     ratios = {}
     for m in rows:
         x = torch.randn(m, K, generator=g).to(dtype)
@@ -154,8 +156,8 @@ def measure(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype,
         def other(x=x):
             return F.linear(x, dequantize_into(buf, packed, scale, None, bits, group_size))
 
-        best = best_interleaved([lambda x=x: gemm(x, packed, scale, None, bits, group_size,
-                                                  None, N), other], REPS, BUDGET_S)
+        best = best_interleaved([functools.partial(gemm, x, packed, blocked, None, bits,
+                                                   group_size, None, N), other], REPS, BUDGET_S)
         ratios[m] = best[1] / best[0]
     return ratios
 
@@ -183,74 +185,87 @@ def choose(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype) -> in
 SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576))  # SmolLM2-135M (N, K)
 
 
-def _timed(fn, reps: int = 30) -> float:
-    fn()
+def _timed(fn, *args, reps: int = 30) -> float:
+    call = functools.partial(fn, *args)
+    call()
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        fn()
+        call()
         best = min(best, time.perf_counter() - t0)
     return best
 
 
 def bench_decode(rows: tuple[int, ...], isa: str) -> None:
-    """GB/s and us per call of the int4/int8 g32 kernels against bf16 small_gemm."""
+    """us per call and GB/s of the int8 and int4 g32 kernels (bf16 rows, bf16 scales as
+    pack_scales' float32 copies) against the bf16 small-M kernel on the same shapes."""
     g = torch.Generator().manual_seed(0)
     print(f"{'N x K':>12} {'M':>2} | {'bf16 us':>8} {'GB/s':>5} | {'int8 us':>8} {'GB/s':>5} "
           f"{'x bf16':>6} | {'int4 us':>8} {'GB/s':>5} {'x bf16':>6}")
     for N, K in SHAPES:
         w = torch.randn(N, K, generator=g).to(torch.bfloat16)
         small = torch.ops.nanoserve.pack_small_gemm(w)
-        quant = {b: (pack(q, b), s.to(torch.bfloat16))
-                 for b in (8, 4) for q, s in [_random_weight(N, K, b, 32, g)]}
+        quant = {}
+        for b in (8, 4):
+            q, s = _random_weight(N, K, b, 32, g)
+            quant[b] = (pack(q, b), pack_scales(s, None)[0], q.numel() * b // 8 + 2 * s.numel())
         for m in rows:
             x = torch.randn(m, K, generator=g).to(torch.bfloat16)
             out = torch.empty(m, N, dtype=torch.bfloat16)
-            t16 = _timed(lambda: torch.ops.nanoserve.small_gemm(out, x, small, None))
+            t16 = _timed(torch.ops.nanoserve.small_gemm, out, x, small, None)
             line = f"{N:>6} x {K:<4} {m:>2} | {t16 * 1e6:8.1f} {w.nbytes / t16 / 1e9:5.1f} |"
             for b in (8, 4):
-                p, s = quant[b]
-                t = _timed(lambda p=p, s=s, b=b: gemm(x, p, s, None, b, 32, None, N, isa))
-                nbytes = p.nbytes + s.nbytes
+                p, s, nbytes = quant[b]
+                t = _timed(gemm, x, p, s, None, b, 32, None, N, isa)
                 line += f" {t * 1e6:8.1f} {nbytes / t / 1e9:5.1f} {t16 / t:5.2f}x |"
             print(line.rstrip(" |"))
 
 
-def bench_w8a8(rows: tuple[int, ...]) -> None:
-    """W8A8 prefill: the kernel and torch._int_mm (oneDNN s8s8, quantization in PyTorch)
-    against bf16 F.linear, float32 F.linear; us per call."""
+def _int_mm_w8a8(x: torch.Tensor, qt: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """W8A8 through oneDNN's s8s8 torch._int_mm, the per-token quantization in PyTorch."""
+    xf = x.float()
+    s = xf.abs().amax(-1, keepdim=True) / 127
+    xq = torch.round(xf / s).clamp(-128, 127).to(torch.int8)
+    return (torch._int_mm(xq, qt).float() * s * ws).to(x.dtype)
+
+
+def _dequantized_linear(x, buf, packed, scale, bits):
+    return F.linear(x, dequantize_into(buf, packed, scale, None, bits, 32))
+
+
+def bench_prefill(rows: tuple[int, ...]) -> None:
+    """us per call at prefill sizes, bf16 rows: F.linear on a bf16 weight (oneDNN) and on
+    float32; W8A8 by the kernel and by torch._int_mm; int4 g32 dequantized into a bf16 buffer
+    then F.linear (the weight-only prefill path)."""
     g = torch.Generator().manual_seed(0)
-    print(f"{'N x K':>12} {'M':>4} | {'bf16':>8} {'f32':>8} {'w8a8':>8} {'_int_mm':>8} | "
-          f"{'bf16/w8a8':>9} {'bf16/_int_mm':>12}")
+    print(f"{'N x K':>12} {'M':>4} | {'bf16':>7} {'f32':>7} {'w8a8':>7} {'_int_mm':>7} "
+          f"{'int4 dq':>7} | {'bf16/w8a8':>9} {'bf16/_int_mm':>12} {'bf16/int4':>9}")
     for N, K in SHAPES[:4]:
         w = torch.randn(N, K, generator=g)
         w16 = w.to(torch.bfloat16)
         q = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
         ws = torch.rand(N, generator=g) / 100
         packed, qt = pack_int8(q), q.t().contiguous()
+        q4, s4 = _random_weight(N, K, 4, 32, g)
+        p4, buf = pack(q4, 4), torch.empty(N, K, dtype=torch.bfloat16)
         for m in rows:
             x = torch.randn(m, K, generator=g)
             x16 = x.to(torch.bfloat16)
-
-            def int_mm(x=x16):
-                xf = x.float()
-                s = xf.abs().amax(-1, keepdim=True) / 127
-                xq = torch.round(xf / s).clamp(-128, 127).to(torch.int8)
-                return (torch._int_mm(xq, qt).float() * s * ws).to(x.dtype)
-
-            t16 = _timed(lambda x16=x16: F.linear(x16, w16), 10)
-            t32 = _timed(lambda x=x: F.linear(x, w), 10)
-            t8 = _timed(lambda x16=x16: int8_gemm(x16, packed, ws, None, N), 10)
-            tmm = _timed(int_mm, 10)
-            print(f"{N:>6} x {K:<4} {m:>4} | {t16 * 1e6:8.1f} {t32 * 1e6:8.1f} {t8 * 1e6:8.1f} "
-                  f"{tmm * 1e6:8.1f} | {t16 / t8:8.2f}x {t16 / tmm:11.2f}x")
+            t16 = _timed(F.linear, x16, w16, reps=10)
+            t32 = _timed(F.linear, x, w, reps=10)
+            t8 = _timed(int8_gemm, x16, packed, ws, None, N, reps=10)
+            tmm = _timed(_int_mm_w8a8, x16, qt, ws, reps=10)
+            t4 = _timed(_dequantized_linear, x16, buf, p4, s4, 4, reps=10)
+            print(f"{N:>6} x {K:<4} {m:>4} | {t16 * 1e6:7.0f} {t32 * 1e6:7.0f} {t8 * 1e6:7.0f} "
+                  f"{tmm * 1e6:7.0f} {t4 * 1e6:7.0f} | {t16 / t8:8.2f}x {t16 / tmm:11.2f}x "
+                  f"{t16 / t4:8.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--isa", default="auto", choices=ISAS)
-    ap.add_argument("--prefill", action="store_true", help="W8A8 prefill rows instead")
+    ap.add_argument("--prefill", action="store_true", help="prefill rows (64, 512) instead")
     args = ap.parse_args(argv)
     if why := unavailable(4, torch.bfloat16):
         print(f"quantized kernels unavailable: {why}")
@@ -258,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print(f"{csrc.cpu_model()}, {args.threads} thread(s), isa {args.isa}")
     if args.prefill:
-        bench_w8a8((64, 512))
+        bench_prefill((64, 512))
     else:
         bench_decode((1, 2, 4, 8), args.isa)
     return 0

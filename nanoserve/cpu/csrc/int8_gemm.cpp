@@ -104,7 +104,7 @@ __attribute__((target("avx2,fma"))) void madd_row(const int16_t* x16, const int8
 }  // namespace
 
 at::Tensor pack_int8_weight(const at::Tensor& q) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar,
+  TORCH_CHECK_VALUE(q.dim() == 2 && q.scalar_type() == at::kChar,
               "pack_int8_weight: q must be (N, K) int8, got ", q.sizes(), " ", q.scalar_type());
   const int64_t N = q.size(0), K = q.size(1), K4 = (K + 3) / 4;
   const int64_t Nb = (N + kBlockN - 1) / kBlockN;
@@ -134,28 +134,28 @@ void int8_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
                const std::string& isa_name) {
   const auto dtype = x.scalar_type();
-  TORCH_CHECK(x.dim() == 2 && (dtype == at::kFloat || dtype == at::kBFloat16),
+  TORCH_CHECK_VALUE(x.dim() == 2 && (dtype == at::kFloat || dtype == at::kBFloat16),
               "int8_gemm: x must be (M, K) float32 or bfloat16, got ", x.sizes(), " ", dtype);
   const int64_t M = x.size(0), K = x.size(1), K4 = (K + 3) / 4, N = out.size(1);
-  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
+  TORCH_CHECK_VALUE(packed.dim() == 2 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
                   packed.size(1) == block_bytes(K),
               "int8_gemm: packed ", packed.sizes(), " ", packed.scalar_type(),
               " is not pack_int8_weight's layout for K=", K);
   const int64_t Nb = packed.size(0);
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == M && out.is_contiguous() &&
+  TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == M && out.is_contiguous() &&
                   out.scalar_type() == dtype && N <= Nb * kBlockN && N > (Nb - 1) * kBlockN,
               "int8_gemm: out must be contiguous (", M, ", N) in x's dtype, N in (",
               (Nb - 1) * kBlockN, ", ", Nb * kBlockN, "], got ", out.sizes());
-  TORCH_CHECK(w_scale.dim() == 1 && w_scale.size(0) == N && w_scale.scalar_type() == at::kFloat &&
+  TORCH_CHECK_VALUE(w_scale.dim() == 1 && w_scale.size(0) == N && w_scale.scalar_type() == at::kFloat &&
                   w_scale.is_contiguous(),
               "int8_gemm: w_scale must be (", N, ",) float32, got ", w_scale.sizes(), " ",
               w_scale.scalar_type());
   if (bias.has_value())
-    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == dtype && bias->is_contiguous(),
+    TORCH_CHECK_VALUE(bias->numel() == N && bias->scalar_type() == dtype && bias->is_contiguous(),
                 "int8_gemm: bias must be (", N, ",) in x's dtype, got ", bias->sizes());
   std::string isa = resolve_isa(isa_name, "int8_gemm");
 #if !defined(NANOSERVE_W8A8_VNNI)
-  TORCH_CHECK(isa != "avx512", "int8_gemm: isa 'avx512' needs AVX512-VNNI, not built here");
+  TORCH_CHECK_VALUE(isa != "avx512", "int8_gemm: isa 'avx512' needs AVX512-VNNI, not built here");
   isa = "avx2";
 #endif
   if (M == 0 || N == 0) return;

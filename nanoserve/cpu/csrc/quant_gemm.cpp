@@ -51,23 +51,23 @@ bool built(const std::string& isa) {
 }  // namespace
 
 bool quant_gemm_available(const std::string& isa) {
-  TORCH_CHECK(isa == "auto" || isa == "avx512" || isa == "avx2", "quant_gemm: isa '", isa,
+  TORCH_CHECK_VALUE(isa == "auto" || isa == "avx512" || isa == "avx2", "quant_gemm: isa '", isa,
               "'; choose 'auto', 'avx512' or 'avx2'");
   return built(isa);
 }
 
 // "auto" -> the widest ISA built; a named one that is not built is refused.
 std::string resolve_isa(const std::string& isa, const char* op) {
-  TORCH_CHECK(quant_gemm_available(isa), op, ": isa '", isa,
+  TORCH_CHECK_VALUE(quant_gemm_available(isa), op, ": isa '", isa,
               "' is not built into these ops (this CPU or compiler lacks it)");
   if (isa != "auto") return isa;
   return built("avx512") ? "avx512" : "avx2";
 }
 
 at::Tensor pack_quant_weight(const at::Tensor& q, int64_t bits) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar,
+  TORCH_CHECK_VALUE(q.dim() == 2 && q.scalar_type() == at::kChar,
               "pack_quant_weight: q must be (N, K) int8, got ", q.sizes(), " ", q.scalar_type());
-  TORCH_CHECK(bits == 4 || bits == 8, "pack_quant_weight: bits must be 4 or 8, got ", bits);
+  TORCH_CHECK_VALUE(bits == 4 || bits == 8, "pack_quant_weight: bits must be 4 or 8, got ", bits);
   const int64_t N = q.size(0), K = q.size(1), Nb = (N + kBlockN - 1) / kBlockN;
   const at::Tensor w = q.contiguous();
   const int8_t* src = w.data_ptr<int8_t>();
@@ -82,10 +82,10 @@ at::Tensor pack_quant_weight(const at::Tensor& q, int64_t bits) {
     });
     return out;
   }
-  TORCH_CHECK(K % 8 == 0, "pack_quant_weight: int4 needs K a multiple of 8, got q ", q.sizes());
+  TORCH_CHECK_VALUE(K % 8 == 0, "pack_quant_weight: int4 needs K a multiple of 8, got q ", q.sizes());
   if (q.numel()) {
     const auto [lo, hi] = at::aminmax(w);
-    TORCH_CHECK(lo.item<int8_t>() >= -8 && hi.item<int8_t>() <= 7,
+    TORCH_CHECK_VALUE(lo.item<int8_t>() >= -8 && hi.item<int8_t>() <= 7,
                 "pack_quant_weight: int4 values must lie in [-8, 7], got [",
                 int(lo.item<int8_t>()), ", ", int(hi.item<int8_t>()), "]");
   }
@@ -120,48 +120,48 @@ Checked check(const char* op, const at::Tensor& out, const at::Tensor& x,
               const at::Tensor& packed, const at::Tensor& scale,
               const std::optional<at::Tensor>& zero, int64_t bits, int64_t group_size) {
   const auto dtype = x.scalar_type();
-  TORCH_CHECK(x.dim() == 2 && (dtype == at::kFloat || dtype == at::kBFloat16) &&
+  TORCH_CHECK_VALUE(x.dim() == 2 && (dtype == at::kFloat || dtype == at::kBFloat16) &&
                   x.stride(1) == 1,
               op, ": x must be (M, K) float32 or bfloat16 with unit stride over K, got ",
               x.sizes(), " ", dtype);
-  TORCH_CHECK(bits == 4 || bits == 8, op, ": bits must be 4 or 8, got ", bits);
+  TORCH_CHECK_VALUE(bits == 4 || bits == 8, op, ": bits must be 4 or 8, got ", bits);
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(group_size > 0 && K % group_size == 0, op, ": group_size ", group_size,
+  TORCH_CHECK_VALUE(group_size > 0 && K % group_size == 0, op, ": group_size ", group_size,
               " does not divide x's K=", K);
-  TORCH_CHECK(bits == 8 || group_size % 8 == 0, op,
+  TORCH_CHECK_VALUE(bits == 8 || group_size % 8 == 0, op,
               ": int4 groups must be a multiple of 8 inputs, got group_size ", group_size);
   const bool shape_ok = packed.dim() == 3 &&
       (bits == 4 ? packed.scalar_type() == at::kByte && packed.size(1) * 8 == K &&
                        packed.size(2) == 128
                  : packed.scalar_type() == at::kChar && packed.size(1) == K &&
                        packed.size(2) == kBlockN);
-  TORCH_CHECK(shape_ok && packed.is_contiguous(), op, ": packed ", packed.sizes(), " ",
+  TORCH_CHECK_VALUE(shape_ok && packed.is_contiguous(), op, ": packed ", packed.sizes(), " ",
               packed.scalar_type(), " is not pack_quant_weight's ", bits, "-bit layout for K=", K);
   const int64_t Nb = packed.size(0), N = out.size(1), G = K / group_size;
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == M && out.is_contiguous() &&
+  TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == M && out.is_contiguous() &&
                   out.scalar_type() == dtype && N <= Nb * kBlockN && N > (Nb - 1) * kBlockN,
               op, ": out must be contiguous (", M, ", N) in x's dtype with N in (",
               (Nb - 1) * kBlockN, ", ", Nb * kBlockN, "], got ", out.sizes(), " ",
               out.scalar_type());
   if (scale.dim() == 3) {  // pack_scales' (Nb, G, 32) float32 copies
-    TORCH_CHECK(scale.size(0) == Nb && scale.size(1) == G && scale.size(2) == kBlockN &&
+    TORCH_CHECK_VALUE(scale.size(0) == Nb && scale.size(1) == G && scale.size(2) == kBlockN &&
                     scale.scalar_type() == at::kFloat && scale.is_contiguous(),
                 op, ": a packed scale must be contiguous (", Nb, ", ", G, ", 32) float32, got ",
                 scale.sizes(), " ", scale.scalar_type());
     if (zero.has_value())
-      TORCH_CHECK(zero->sizes() == scale.sizes() && zero->scalar_type() == at::kFloat &&
+      TORCH_CHECK_VALUE(zero->sizes() == scale.sizes() && zero->scalar_type() == at::kFloat &&
                       zero->is_contiguous(),
                   op, ": with a packed scale, zero must be packed too: (", Nb, ", ", G,
                   ", 32) float32, got ", zero->sizes(), " ", zero->scalar_type());
     return {M, K, N, Nb, G};
   }
-  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == N && scale.size(1) == G &&
+  TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(0) == N && scale.size(1) == G &&
                   scale.is_contiguous() &&
                   (scale.scalar_type() == at::kFloat || scale.scalar_type() == at::kBFloat16),
               op, ": scale must be contiguous (", N, ", ", G, ") float32 or bfloat16, got ",
               scale.sizes(), " ", scale.scalar_type());
   if (zero.has_value())
-    TORCH_CHECK(zero->sizes() == scale.sizes() && zero->scalar_type() == at::kChar &&
+    TORCH_CHECK_VALUE(zero->sizes() == scale.sizes() && zero->scalar_type() == at::kChar &&
                     zero->is_contiguous(),
                 op, ": zero must be contiguous (", N, ", ", G, ") int8, got ", zero->sizes(),
                 " ", zero->scalar_type());
@@ -238,7 +238,7 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                                       group_size);
   const bool f32 = x.scalar_type() == at::kFloat;
   if (bias.has_value())
-    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == x.scalar_type() &&
+    TORCH_CHECK_VALUE(bias->numel() == N && bias->scalar_type() == x.scalar_type() &&
                     bias->is_contiguous(),
                 "quant_gemm: bias must be (", N, ",) in x's dtype, got ", bias->sizes(), " ",
                 bias->scalar_type());
@@ -341,7 +341,7 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
 
 void dequantize_into(at::Tensor& buf, const at::Tensor& packed, const at::Tensor& scale,
                      const std::optional<at::Tensor>& zero, int64_t bits, int64_t group_size) {
-  TORCH_CHECK(buf.dim() == 2 && buf.is_contiguous() &&
+  TORCH_CHECK_VALUE(buf.dim() == 2 && buf.is_contiguous() &&
                   (buf.scalar_type() == at::kFloat || buf.scalar_type() == at::kBFloat16),
               "dequantize_into: buf must be contiguous (N, K) float32 or bfloat16, got ",
               buf.sizes(), " ", buf.scalar_type());
