@@ -138,6 +138,20 @@ def test_w8a8_equals_fake_quantization_then_linear(M, N, K, dtype, bias, scale_x
         close(qg.int8_gemm(x, packed, ws, b, N, isa), want, mag, K)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_with_odd_groups_takes_the_float_path(dtype):
+    """bf16 rows pair inputs for the dot products; an odd group size cannot, and falls back to
+    the float32 path: the same answer."""
+    g = torch.Generator().manual_seed(3)
+    qw = random_weight(g, 45, 63, 8, 7, True)
+    x = torch.randn(6, 63, generator=g).to(dtype)
+    want = F.linear(x.float(), qw.dequantize(torch.float32))
+    mag = x.float().abs() @ qw.dequantize(torch.float32).abs().t()
+    for isa in ISAS():
+        close(qg.gemm(x, qg.pack(qw.q, 8), qw.scale, qw.zero, 8, 7, None, 45, isa), want,
+              mag * 2, 63)  # |q - zero| |scale| bounds |w|; the zero-point term doubles it
+
+
 def test_w8a8_rounds_activations_as_quantize_per_token():
     """Against an identity weight the kernel returns its own quantized rows: bit for bit the
     reference's, ties (x / scale exactly half-way) rounded to even included."""

@@ -13,12 +13,15 @@
 // The result is rounded to out's dtype once. Against dequantize-then-F.linear in float32 the
 // sums run in another order: equal to float32 rounding, not to the bit.
 //
-// isa "avx512" (AVX-512F/BW; bf16 rows with int4 weights by AVX512-BF16 dot products where the
-// CPU has them), "avx2" (AVX2 + FMA, compiled with a target attribute so a build for an
-// AVX-512 CPU carries both and the tests run both), or "auto": the widest built.
+// isa "avx512" (AVX-512F/BW; with AVX512-BF16, bf16 rows meet int4 and int8 weights through
+// bf16 dot products, the integers being exact in bf16), "avx2" (AVX2 + FMA, compiled with a
+// target attribute so a build for an AVX-512 CPU carries both and the tests run both), or
+// "auto": the widest built. Scales come as (N, G) float32/bf16, transposed per block on every
+// call, or as pack_scales' (N/32, G, 32) float32 copies made once at load (faster).
 #include "ops.h"
 #include "vec.h"
 
+#include "quant_common.h"
 #include "quant_gemm_avx2.h"
 #include "quant_gemm_avx512.h"
 
@@ -29,7 +32,7 @@ namespace nanoserve {
 
 namespace {
 
-constexpr int64_t kBlockN = 32;
+using quant::kBlockN;
 constexpr int64_t kMaxRows = 8;
 
 bool built(const std::string& isa) {
@@ -111,123 +114,9 @@ at::Tensor pack_quant_weight(const at::Tensor& q, int64_t bits) {
 }
 
 namespace {
-
-struct Checked {
-  int64_t M, K, N, Nb, G;
-};
-
-Checked check(const char* op, const at::Tensor& out, const at::Tensor& x,
-              const at::Tensor& packed, const at::Tensor& scale,
-              const std::optional<at::Tensor>& zero, int64_t bits, int64_t group_size) {
-  const auto dtype = x.scalar_type();
-  TORCH_CHECK_VALUE(x.dim() == 2 && (dtype == at::kFloat || dtype == at::kBFloat16) &&
-                  x.stride(1) == 1,
-              op, ": x must be (M, K) float32 or bfloat16 with unit stride over K, got ",
-              x.sizes(), " ", dtype);
-  TORCH_CHECK_VALUE(bits == 4 || bits == 8, op, ": bits must be 4 or 8, got ", bits);
-  const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK_VALUE(group_size > 0 && K % group_size == 0, op, ": group_size ", group_size,
-              " does not divide x's K=", K);
-  TORCH_CHECK_VALUE(bits == 8 || group_size % 8 == 0, op,
-              ": int4 groups must be a multiple of 8 inputs, got group_size ", group_size);
-  const bool shape_ok = packed.dim() == 3 &&
-      (bits == 4 ? packed.scalar_type() == at::kByte && packed.size(1) * 8 == K &&
-                       packed.size(2) == 128
-                 : packed.scalar_type() == at::kChar && packed.size(1) == K &&
-                       packed.size(2) == kBlockN);
-  TORCH_CHECK_VALUE(shape_ok && packed.is_contiguous(), op, ": packed ", packed.sizes(), " ",
-              packed.scalar_type(), " is not pack_quant_weight's ", bits, "-bit layout for K=", K);
-  const int64_t Nb = packed.size(0), N = out.size(1), G = K / group_size;
-  TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == M && out.is_contiguous() &&
-                  out.scalar_type() == dtype && N <= Nb * kBlockN && N > (Nb - 1) * kBlockN,
-              op, ": out must be contiguous (", M, ", N) in x's dtype with N in (",
-              (Nb - 1) * kBlockN, ", ", Nb * kBlockN, "], got ", out.sizes(), " ",
-              out.scalar_type());
-  if (scale.dim() == 3) {  // pack_scales' (Nb, G, 32) float32 copies
-    TORCH_CHECK_VALUE(scale.size(0) == Nb && scale.size(1) == G && scale.size(2) == kBlockN &&
-                    scale.scalar_type() == at::kFloat && scale.is_contiguous(),
-                op, ": a packed scale must be contiguous (", Nb, ", ", G, ", 32) float32, got ",
-                scale.sizes(), " ", scale.scalar_type());
-    if (zero.has_value())
-      TORCH_CHECK_VALUE(zero->sizes() == scale.sizes() && zero->scalar_type() == at::kFloat &&
-                      zero->is_contiguous(),
-                  op, ": with a packed scale, zero must be packed too: (", Nb, ", ", G,
-                  ", 32) float32, got ", zero->sizes(), " ", zero->scalar_type());
-    return {M, K, N, Nb, G};
-  }
-  TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(0) == N && scale.size(1) == G &&
-                  scale.is_contiguous() &&
-                  (scale.scalar_type() == at::kFloat || scale.scalar_type() == at::kBFloat16),
-              op, ": scale must be contiguous (", N, ", ", G, ") float32 or bfloat16, got ",
-              scale.sizes(), " ", scale.scalar_type());
-  if (zero.has_value())
-    TORCH_CHECK_VALUE(zero->sizes() == scale.sizes() && zero->scalar_type() == at::kChar &&
-                    zero->is_contiguous(),
-                op, ": zero must be contiguous (", N, ", ", G, ") int8, got ", zero->sizes(),
-                " ", zero->scalar_type());
-  return {M, K, N, Nb, G};
-}
-
-// A block's scales and zero points as (G, 32) float32: pointers into pack_scales' copies, or,
-// from (N, G) tensors, transposed into this thread's buffers on every call (about one cycle a
-// scale: a quarter of an int4 g32 block's streaming time, which is why pack_scales exists).
-class BlockScales {
- public:
-  BlockScales(const at::Tensor& scale, const std::optional<at::Tensor>& zero, int64_t N,
-              int64_t G)
-      : packed_(scale.dim() == 3), has_zero_(zero.has_value()), N_(N), G_(G) {
-    if (packed_) {
-      s32_ = scale.data_ptr<float>();
-      zp_ = has_zero_ ? zero->data_ptr<float>() : nullptr;
-      return;
-    }
-    bf_ = scale.scalar_type() == at::kBFloat16;
-    if (bf_) s16_ = scale.data_ptr<c10::BFloat16>();
-    else s32_ = scale.data_ptr<float>();
-    z8_ = has_zero_ ? zero->data_ptr<int8_t>() : nullptr;
-    sc_.assign(G * kBlockN, 0.f);
-    if (has_zero_) zf_.assign(G * kBlockN, 0.f);
-  }
-
-  const float* scale(int64_t nb) const {
-    return packed_ ? s32_ + nb * G_ * kBlockN : sc_.data();
-  }
-  const float* zero(int64_t nb) const {
-    if (!has_zero_) return nullptr;
-    return packed_ ? zp_ + nb * G_ * kBlockN : zf_.data();
-  }
-
-  void load(int64_t nb) {  // transpose block nb's rows (a no-op for packed copies)
-    if (packed_) return;
-    const int64_t n0 = nb * kBlockN, width = std::min<int64_t>(kBlockN, N_ - n0);
-    if (width < kBlockN) {
-      std::fill(sc_.begin(), sc_.end(), 0.f);
-      std::fill(zf_.begin(), zf_.end(), 0.f);
-    }
-    for (int64_t j = 0; j < width; ++j) {
-      float* d = sc_.data() + j;
-      const int64_t r = (n0 + j) * G_;
-      if (bf_)
-        for (int64_t g = 0; g < G_; ++g) d[g * kBlockN] = float(s16_[r + g]);
-      else
-        for (int64_t g = 0; g < G_; ++g) d[g * kBlockN] = s32_[r + g];
-      if (z8_)
-        for (int64_t g = 0; g < G_; ++g) zf_[g * kBlockN + j] = float(z8_[r + g]);
-    }
-  }
-
- private:
-  bool packed_, has_zero_, bf_ = false;
-  int64_t N_, G_;
-  const float* s32_ = nullptr;
-  const c10::BFloat16* s16_ = nullptr;
-  const float* zp_ = nullptr;
-  const int8_t* z8_ = nullptr;
-  std::vector<float> sc_, zf_;
-};
-
 using Kernel = void (*)(const qavx512::Args&);
-
+using quant::BlockScales;
+using quant::check;
 }  // namespace
 
 void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
@@ -254,6 +143,14 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
       const Kernel k8[] = {int8_f32<1>, int8_f32<2>, int8_f32<3>, int8_f32<4>,
                            int8_f32<5>, int8_f32<6>, int8_f32<7>, int8_f32<8>};
       std::copy(k8, k8 + kMaxRows, kernels);
+#if defined(NANOSERVE_QUANT_BF16_DP)
+      if (!f32 && group_size % 2 == 0) {
+        bf16_dp = true;
+        const Kernel kb[] = {int8_bf16<1>, int8_bf16<2>, int8_bf16<3>, int8_bf16<4>,
+                             int8_bf16<5>, int8_bf16<6>, int8_bf16<7>, int8_bf16<8>};
+        std::copy(kb, kb + kMaxRows, kernels);
+      }
+#endif
     } else {
       const Kernel k4[] = {int4_f32<1>, int4_f32<2>, int4_f32<3>, int4_f32<4>,
                            int4_f32<5>, int4_f32<6>, int4_f32<7>, int4_f32<8>};
@@ -334,54 +231,6 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
             for (int64_t j = 0; j < width; ++j)
               ob[o + j] = c10::BFloat16(a[j] + (bb ? float(bb[n0 + j]) : 0.f));
         }
-      }
-    }
-  });
-}
-
-void dequantize_into(at::Tensor& buf, const at::Tensor& packed, const at::Tensor& scale,
-                     const std::optional<at::Tensor>& zero, int64_t bits, int64_t group_size) {
-  TORCH_CHECK_VALUE(buf.dim() == 2 && buf.is_contiguous() &&
-                  (buf.scalar_type() == at::kFloat || buf.scalar_type() == at::kBFloat16),
-              "dequantize_into: buf must be contiguous (N, K) float32 or bfloat16, got ",
-              buf.sizes(), " ", buf.scalar_type());
-  const int64_t N = buf.size(0), K = buf.size(1);
-  const at::Tensor x_like = at::empty({0, K}, buf.options());
-  at::Tensor out_like = at::empty({0, N}, buf.options());
-  const auto c = check("dequantize_into", out_like, x_like, packed, scale, zero, bits,
-                       group_size);
-  const int64_t G = c.G, Nb = c.Nb;
-  const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
-  const int64_t block_bytes = packed.numel() / Nb * packed.element_size();
-  at::parallel_for(0, Nb, 1, [&](int64_t lo, int64_t hi) {
-    BlockScales params(scale, zero, N, G);
-    std::vector<float> row(K);
-    for (int64_t nb = lo; nb < hi; ++nb) {
-      params.load(nb);
-      const float* sc = params.scale(nb);
-      const float* zf = params.zero(nb);
-      const uint8_t* wb = wp + nb * block_bytes;
-      for (int64_t j = 0; j < kBlockN && nb * kBlockN + j < N; ++j) {
-        for (int64_t k = 0; k < K; ++k) {
-          int q;
-          if (bits == 8) {
-            q = static_cast<int8_t>(wb[k * kBlockN + j]);
-          } else {
-            const int p = (k % 2 == 0) ? (k % 8) / 2 : 4 + (k % 8) / 2;
-            uint32_t word;
-            std::memcpy(&word, wb + (k / 8) * 128 + (j / 16) * 64 + (j % 16) * 4, 4);
-            q = static_cast<int>((word >> (4 * p)) & 0xF);
-            q = q >= 8 ? q - 16 : q;
-          }
-          const int64_t g = k / group_size;
-          row[k] = (float(q) - (zf ? zf[g * kBlockN + j] : 0.f)) * sc[g * kBlockN + j];
-        }
-        const int64_t n = nb * kBlockN + j;
-        if (buf.scalar_type() == at::kFloat)
-          std::copy(row.begin(), row.end(), buf.data_ptr<float>() + n * K);
-        else
-          for (int64_t k = 0; k < K; ++k)
-            buf.data_ptr<c10::BFloat16>()[n * K + k] = c10::BFloat16(row[k]);
       }
     }
   });
