@@ -5,9 +5,10 @@ shapes, group sizes, zero points, dtypes and biases, in every instruction set bu
 
 Tolerance (float32): the kernel sums group by group and applies each scale once, the reference
 sums dequantized products; both are float32 sums of K terms, each within K * 2^-24 of the exact
-value relative to ``mag = sum_k |x_k| |w_k| + |bias|`` (|w| taken as |q - zero| |scale|), so the
-two are held to ``2 (K + 8) 2^-24 mag``. bf16 results round that once more: half a bf16 step,
-at most 2^-8 of the value, on top. ``dequantize_into`` is exact (the same float32 operations).
+value relative to ``mag = sum_k |x_k| (|q_k| + |zero|) |scale| + |bias|`` (the kernel sums x q
+and x zero apart), so the two are held to ``2 (K + 8) 2^-24 mag``. bf16 results round that once
+more: half a bf16 step, at most 2^-8 of the value, on top. ``dequantize_into`` is exact (the
+same float32 operations).
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ def close(got: torch.Tensor, want: torch.Tensor, mag: torch.Tensor, K: int) -> N
         f"max error {err.max():.3g}, where the bound is {tol.flatten()[err.argmax()]:.3g}")
 
 
+def magnitude(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+    """sum_k |x_k| (|q_k| + |zero|) |scale|: the size of the terms the kernel adds (it sums x q
+    and x zero apart), (M, N)."""
+    gs = qw.group_size
+    zq = 0 if qw.zero is None else qw.zero.float().abs().repeat_interleave(gs, 1)
+    wabs = (qw.q.float().abs() + zq) * qw.scale.float().repeat_interleave(gs, 1)
+    return x.float().abs() @ wabs.t()
+
+
 def random_weight(g, N, K, bits, group_size, zero_points):
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     G = K // group_size
@@ -79,9 +89,7 @@ def test_weight_only_equals_dequantize_then_linear(M, N, groups, group, bits, ze
     b = torch.randn(N, generator=g).to(dtype) if bias else None
     w = qw.dequantize(torch.float32)  # (N, K)
     want = F.linear(x.float(), w, None if b is None else b.float())
-    zq = 0 if qw.zero is None else qw.zero.float().repeat_interleave(gs, 1)
-    wabs = (qw.q.float() - zq).abs() * qw.scale.float().repeat_interleave(gs, 1)
-    mag = x.float().abs() @ wabs.t() + (0 if b is None else b.float().abs())
+    mag = magnitude(x, qw) + (0 if b is None else b.float().abs())
     packed = qg.pack(qw.q, bits)
     scale, zero = qw.scale, qw.zero
     if scales == "packed":
@@ -146,10 +154,9 @@ def test_int8_with_odd_groups_takes_the_float_path(dtype):
     qw = random_weight(g, 45, 63, 8, 7, True)
     x = torch.randn(6, 63, generator=g).to(dtype)
     want = F.linear(x.float(), qw.dequantize(torch.float32))
-    mag = x.float().abs() @ qw.dequantize(torch.float32).abs().t()
     for isa in ISAS():
         close(qg.gemm(x, qg.pack(qw.q, 8), qw.scale, qw.zero, 8, 7, None, 45, isa), want,
-              mag * 2, 63)  # |q - zero| |scale| bounds |w|; the zero-point term doubles it
+              magnitude(x, qw), 63)
 
 
 def test_w8a8_rounds_activations_as_quantize_per_token():
