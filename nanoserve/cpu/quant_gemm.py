@@ -11,8 +11,23 @@ measurement and caches it per machine in ``build/quant_gemm.json``, as ``small_g
 does. ``dequantize_into`` writes the weight out in float32 or bf16 for that path (bit-equal to
 ``QuantizedWeight.dequantize`` in float32; in C++, several times faster than the PyTorch one).
 
-Measured by ``python -m nanoserve.cpu.quant_gemm`` on a 2-core AMD EPYC (Zen 5, AVX-512 with
-VNNI and BF16), one thread, bf16 rows, SmolLM2-135M shapes: see MEASURED below.
+Measured on a 2-core AMD EPYC (Zen 5, family 26: AVX-512 with VNNI and BF16, no AMX), one
+thread, bf16 rows, group 32, SmolLM2-135M shapes, ``python -m nanoserve.cpu.quant_gemm
+--cold-mb 256`` (copies cycled so the weights come from memory, as in a model's decode step;
+us per call, the bf16 small-M kernel first; byte ceiling against bf16: 3.56x int4, 1.88x int8):
+
+    N x K         M=1: bf16 / int8 / int4         M=8: bf16 / int8 / int4
+    1536 x 576    49.8 / 29.6 (1.69x) / 16.9 (2.94x)   56.1 / 49.0 (1.14x) / 38.1 (1.47x)
+    576 x 1536    54.7 / 34.5 (1.59x) / 20.6 (2.65x)   57.8 / 49.1 (1.18x) / 41.3 (1.40x)
+    576 x 576     20.3 / 15.1 (1.34x) / 10.0 (2.04x)   22.4 / 22.2 (1.01x) / 18.4 (1.22x)
+    49152 x 576   1301 / 723  (1.80x) / 369  (3.52x)   1372 / 1298 (1.06x) / 1030 (1.33x)
+
+The small shapes pay a fixed 2-3 us a call (576 x 576 int4 is 0.19 MB), and at 8 rows the
+kernels are bound by multiply-adds, not bytes. ``choose`` found the kernel faster than
+dequantize-then-``F.linear`` up to 256 rows on every shape above (1.04-1.17x at 256, 0.91-0.99x
+at 512), and at every batch for the LM head. W8A8 at prefill sizes against bf16 ``F.linear``
+(oneDNN), one thread: 1.19-1.29x at 64 rows, 0.80-1.10x at 512 (torch._int_mm with PyTorch's
+quantization: 0.78-1.29x and 0.81-1.44x).
 
     packed = pack(q, bits=4)                                     # q (N, K) int8, at load
     y = gemm(x, packed, scale, zero, 4, 32, bias, N)             # x (..., K) -> (..., N)
@@ -33,12 +48,10 @@ from nanoserve.cpu import csrc
 from nanoserve.cpu.measured import best_interleaved, cache_dir, cached, machine_key
 
 ISAS = ("auto", "avx512", "avx2")
-ROWS = (1, 2, 4, 8, 16, 32, 64)  # batches timed by choose(), up to a prompt chunk
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # batches choose() times, up to a long prompt
+ALL_ROWS = 1 << 30  # the verdict "every batch": the kernel won at 512 rows too
 REPS = 7
 BUDGET_S = 0.5  # per timed batch size
-
-MEASURED = """(filled in from the bench)"""
-
 
 def unavailable(bits: int, dtype: torch.dtype) -> str | None:
     """Why the weight-only kernel cannot run here for ``bits``-bit weights and ``dtype`` rows,
@@ -93,9 +106,9 @@ _OPS: dict[str, object] = {}
 
 
 def _op(name: str):
-    """torch.ops.nanoserve.<name>, looked up once (the lookup costs about a microsecond)."""
+    """torch.ops.nanoserve.<name>.default, looked up once (the lookup costs a microsecond)."""
     if name not in _OPS:
-        _OPS[name] = getattr(torch.ops.nanoserve, name)
+        _OPS[name] = getattr(torch.ops.nanoserve, name).default
     return _OPS[name]
 
 
@@ -163,9 +176,9 @@ def measure(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype,
 
 
 def choose(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype) -> int:
-    """The largest batch the kernel takes (0: none): the largest timed row count at which it
-    beats dequantize-into-a-buffer then ``F.linear``, stopping at the first loss. Cached per
-    machine, shape, bits, group, dtype and build of the kernels."""
+    """The largest batch the kernel takes (0: none; ``ALL_ROWS``: every batch): the largest
+    timed row count at which it beats dequantize-into-a-buffer then ``F.linear``, stopping at
+    the first loss. Cached per machine, shape, bits, group, dtype and build of the kernels."""
     if unavailable(bits, dtype) or shape_unsupported(K, bits, group_size):
         return 0
     key = (f"{machine_key()}|{N}x{K}|int{bits} g{group_size}|{str(dtype).removeprefix('torch.')}"
@@ -176,7 +189,7 @@ def choose(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype) -> in
         for m in ROWS:
             if ratios[m] < 1.0:
                 break
-            best = m
+            best = ALL_ROWS if m == ROWS[-1] else m
         return {"rows": best, "linear_over_kernel": {str(m): round(r, 3)
                                                      for m, r in ratios.items()}}
     return int(cached("quant_gemm.json", key, verdict, cache_dir() / "quant_gemm.json")["rows"])
@@ -196,27 +209,52 @@ def _timed(fn, *args, reps: int = 30) -> float:
     return best
 
 
-def bench_decode(rows: tuple[int, ...], isa: str) -> None:
+def _small_gemm(x: torch.Tensor, small: torch.Tensor, N: int) -> torch.Tensor:
+    out = torch.empty((x.shape[0], N), dtype=x.dtype)  # as gemm() does: a fair comparison
+    _op("small_gemm")(out, x, small, None)
+    return out
+
+
+def _cycle(fn, args_per_copy: list[tuple], reps: int) -> float:
+    """Seconds per call, calling ``fn`` on each copy's arguments in turn (best of ``reps``
+    rounds), so that with enough copies every weight comes from memory, not from cache."""
+    fn(*args_per_copy[0])
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for args in args_per_copy:
+            fn(*args)
+        best = min(best, (time.perf_counter() - t0) / len(args_per_copy))
+    return best
+
+
+def bench_decode(rows: tuple[int, ...], isa: str, cold_mb: int = 0) -> None:
     """us per call and GB/s of the int8 and int4 g32 kernels (bf16 rows, bf16 scales as
-    pack_scales' float32 copies) against the bf16 small-M kernel on the same shapes."""
+    pack_scales' float32 copies; GB/s counts the checkpoint's bytes: bits/8 per weight and a
+    bf16 scale per group) against the bf16 small-M kernel on the same shapes. ``cold_mb``: cycle
+    through enough copies of each weight that the bf16 ones fill that many MB (more than the
+    last-level cache: the weights stream from memory, as a model's do in a decode step)."""
     g = torch.Generator().manual_seed(0)
     print(f"{'N x K':>12} {'M':>2} | {'bf16 us':>8} {'GB/s':>5} | {'int8 us':>8} {'GB/s':>5} "
           f"{'x bf16':>6} | {'int4 us':>8} {'GB/s':>5} {'x bf16':>6}")
     for N, K in SHAPES:
-        w = torch.randn(N, K, generator=g).to(torch.bfloat16)
-        small = torch.ops.nanoserve.pack_small_gemm(w)
+        copies = max(1, -(-cold_mb * 2**20 // (2 * N * K)))
+        small = [torch.ops.nanoserve.pack_small_gemm(torch.randn(N, K, generator=g)
+                                                     .to(torch.bfloat16)) for _ in range(copies)]
         quant = {}
         for b in (8, 4):
             q, s = _random_weight(N, K, b, 32, g)
-            quant[b] = (pack(q, b), pack_scales(s, None)[0], q.numel() * b // 8 + 2 * s.numel())
+            s16 = s.to(torch.bfloat16)
+            quant[b] = ([(pack(q, b), pack_scales(s16, None)[0]) for _ in range(copies)],
+                        q.numel() * b // 8 + 2 * s.numel())
+        reps = 5 if copies > 1 else 30
         for m in rows:
             x = torch.randn(m, K, generator=g).to(torch.bfloat16)
-            out = torch.empty(m, N, dtype=torch.bfloat16)
-            t16 = _timed(torch.ops.nanoserve.small_gemm, out, x, small, None)
-            line = f"{N:>6} x {K:<4} {m:>2} | {t16 * 1e6:8.1f} {w.nbytes / t16 / 1e9:5.1f} |"
+            t16 = _cycle(_small_gemm, [(x, w, N) for w in small], reps)
+            line = f"{N:>6} x {K:<4} {m:>2} | {t16 * 1e6:8.1f} {2 * N * K / t16 / 1e9:5.1f} |"
             for b in (8, 4):
-                p, s, nbytes = quant[b]
-                t = _timed(gemm, x, p, s, None, b, 32, None, N, isa)
+                packs, nbytes = quant[b]
+                t = _cycle(gemm, [(x, p, s, None, b, 32, None, N, isa) for p, s in packs], reps)
                 line += f" {t * 1e6:8.1f} {nbytes / t / 1e9:5.1f} {t16 / t:5.2f}x |"
             print(line.rstrip(" |"))
 
@@ -266,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--isa", default="auto", choices=ISAS)
     ap.add_argument("--prefill", action="store_true", help="prefill rows (64, 512) instead")
+    ap.add_argument("--cold-mb", type=int, default=0,
+                    help="cycle through copies of each weight filling this many MB of bf16")
     args = ap.parse_args(argv)
     if why := unavailable(4, torch.bfloat16):
         print(f"quantized kernels unavailable: {why}")
@@ -275,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prefill:
         bench_prefill((64, 512))
     else:
-        bench_decode((1, 2, 4, 8), args.isa)
+        bench_decode((1, 2, 4, 8), args.isa, args.cold_mb)
     return 0
 
 
