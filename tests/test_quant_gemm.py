@@ -72,7 +72,8 @@ def random_weight(g, N, K, bits, group_size, zero_points):
 @given(M=st.integers(1, 17), N=st.integers(1, 80), groups=st.integers(1, 4),
        group=st.sampled_from([32, 64, 128, "K"]), bits=st.sampled_from([4, 8]),
        zero_points=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-       bias=st.booleans(), scales=st.sampled_from(["float32", "bfloat16", "packed"]),
+       bias=st.booleans(),
+       scales=st.sampled_from(["float32", "bfloat16", "packed float32", "packed bfloat16"]),
        seed=st.integers(0, 2**16))
 def test_weight_only_equals_dequantize_then_linear(M, N, groups, group, bits, zero_points,
                                                    dtype, bias, scales, seed):
@@ -83,7 +84,7 @@ def test_weight_only_equals_dequantize_then_linear(M, N, groups, group, bits, ze
     else:
         gs, K = group, group * groups
     qw = random_weight(g, N, K, bits, gs, zero_points)
-    if scales == "bfloat16":
+    if scales.endswith("bfloat16"):
         qw = qw.to(scale_dtype=torch.bfloat16)
     x = torch.randn(M, K, generator=g).to(dtype)
     b = torch.randn(N, generator=g).to(dtype) if bias else None
@@ -92,7 +93,7 @@ def test_weight_only_equals_dequantize_then_linear(M, N, groups, group, bits, ze
     mag = magnitude(x, qw) + (0 if b is None else b.float().abs())
     packed = qg.pack(qw.q, bits)
     scale, zero = qw.scale, qw.zero
-    if scales == "packed":
+    if scales.startswith("packed"):
         scale, zero = qg.pack_scales(scale, zero)
     for isa in ISAS():
         got = qg.gemm(x, packed, scale, zero, bits, gs, b, N, isa)
@@ -115,10 +116,12 @@ def test_the_csrc_reference_and_packed_scales_agree(bits, zero_points, seed):
                        qw.dequantize(torch.float32))
     x = torch.randn(5, 64, generator=g)
     packed = qg.pack(qw.q, bits)
-    for isa in ISAS():
-        a = qg.gemm(x, packed, qw.scale, qw.zero, bits, 32, None, 40, isa)
-        s, z = qg.pack_scales(qw.scale, qw.zero)
-        assert torch.equal(a, qg.gemm(x, packed, s, z, bits, 32, None, 40, isa))
+    for scale in (qw.scale, qw.scale.to(torch.bfloat16)):
+        s, z = qg.pack_scales(scale, qw.zero)
+        assert s.dtype == scale.dtype
+        for isa in ISAS():
+            a = qg.gemm(x, packed, scale, qw.zero, bits, 32, None, 40, isa)
+            assert torch.equal(a, qg.gemm(x, packed, s, z, bits, 32, None, 40, isa))
     bf = torch.empty(40, 64, dtype=torch.bfloat16)
     assert torch.equal(qg.dequantize_into(bf, packed, qw.scale, qw.zero, bits, 32),
                        qw.dequantize(torch.float32).to(torch.bfloat16))

@@ -90,16 +90,19 @@ def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
 
 def pack_scales(scale: torch.Tensor, zero: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """scale (N, G) and zero (N, G) int8 or None -> the kernel's (N/32, G, 32) float32 copies,
-    made once at load: ``gemm`` takes these in place of the (N, G) tensors, which it would
-    otherwise transpose block by block on every call (a quarter of an int4 g32 call's time)."""
+    """scale (N, G) float32 or bf16 and zero (N, G) int8 or None -> the kernel's (N/32, G, 32)
+    copies (scale in its own dtype: bf16 stays two bytes a group; zero as float32), made once at
+    load: ``gemm`` takes these in place of the (N, G) tensors, which it would otherwise
+    transpose block by block on every call (a quarter of an int4 g32 call's time)."""
     N, G = scale.shape
     pad = -N % 32
 
     def blocked(t: torch.Tensor) -> torch.Tensor:
-        t = F.pad(t.to(torch.float32), (0, 0, 0, pad))  # (N + pad, G), zero rows
+        t = F.pad(t, (0, 0, 0, pad))  # (N + pad, G), zero rows
         return t.view(-1, 32, G).transpose(1, 2).contiguous()  # (Nb, G, 32)
-    return blocked(scale), None if zero is None else blocked(zero)
+    if scale.dtype not in (torch.float32, torch.bfloat16):
+        scale = scale.float()
+    return blocked(scale), None if zero is None else blocked(zero.float())
 
 
 _OPS: dict[str, object] = {}

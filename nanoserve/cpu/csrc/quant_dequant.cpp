@@ -106,7 +106,7 @@ void run(T* out, const uint8_t* wp, int64_t block_bytes, const at::Tensor& scale
          const std::optional<at::Tensor>& zero, int64_t bits, int64_t gs, int64_t N, int64_t K,
          int64_t G, int64_t Nb) {
   at::parallel_for(0, Nb, 1, [&](int64_t lo, int64_t hi) {
-    quant::BlockScales params(scale, zero, N, G);
+    quant::BlockScales params(scale, zero, N, G, /*want_float=*/true);
     for (int64_t nb = lo; nb < hi; ++nb) {
       params.load(nb);
       const uint8_t* wb = wp + nb * block_bytes;

@@ -204,7 +204,7 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
   const float* bf = f32 && bias.has_value() ? bias->data_ptr<float>() : nullptr;
   const c10::BFloat16* bb = !f32 && bias.has_value() ? bias->data_ptr<c10::BFloat16>() : nullptr;
   at::parallel_for(0, Nb, 4, [&](int64_t lo, int64_t hi) {
-    BlockScales params(scale, zero, N, G);
+    BlockScales params(scale, zero, N, G, /*want_float=*/false);
     alignas(64) float acc[kMaxRows * kBlockN];
     for (int64_t nb = lo; nb < hi; ++nb) {
       params.load(nb);
@@ -218,7 +218,8 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
           qavx512::Args a{bf16_dp ? nullptr : xt.data() + t * K * kMaxRows + t0,
                           bf16_dp ? xbt.data() + t * (K / 2) * kMaxRows + t0 : nullptr,
                           wp + nb * block_bytes, group_size, G, params.scale(nb),
-                          params.zero(nb), sx.empty() ? nullptr : sx.data() + m * G,
+                          params.scale16(nb), params.zero(nb),
+                          sx.empty() ? nullptr : sx.data() + m * G,
                           acc + t0 * kBlockN};
           kernels[r - 1](a);
         }

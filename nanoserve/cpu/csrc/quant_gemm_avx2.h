@@ -44,8 +44,11 @@ NANOSERVE_AVX2_FN inline void fold(const Args& a, int64_t g, __m256 (&acc)[S][R]
         v = _mm256_fnmadd_ps(_mm256_loadu_ps(a.zero + g * kBlockN + 8 * c),
                              _mm256_set1_ps(a.sum_x[m * a.groups + g]), v);
       float* o = a.acc_out + m * kBlockN + 8 * c;
-      _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(a.scale + g * kBlockN + 8 * c), v,
-                                          _mm256_loadu_ps(o)));
+      const __m256 s = a.scale ? _mm256_loadu_ps(a.scale + g * kBlockN + 8 * c)
+                               : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                                         a.scale16 + g * kBlockN + 8 * c))), 16));
+      _mm256_storeu_ps(o, _mm256_fmadd_ps(s, v, _mm256_loadu_ps(o)));
     }
 }
 

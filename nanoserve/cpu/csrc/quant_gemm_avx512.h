@@ -41,7 +41,8 @@ struct Args {
   const int32_t* xb;    // (K / 2, 8) bf16 pairs (the bf16 path), or null
   const uint8_t* w;     // this block
   int64_t group_size, groups;
-  const float* scale;   // (G, 32): this block's scales, transposed
+  const float* scale;   // (G, 32): this block's scales, transposed, or null and...
+  const uint16_t* scale16;  // ...(G, 32) bf16 (pack_scales' copies of bf16 scales)
   const float* zero;    // (G, 32) zero points as float, or null
   const float* sum_x;   // (M, G) each row's group sums (with zero points), or null
   float* acc_out;       // (M, 32), accumulated into
@@ -63,8 +64,11 @@ inline void fold(const Args& a, int64_t g, __m512 (&acc)[S][M][2]) {
         v = _mm512_fnmadd_ps(_mm512_loadu_ps(a.zero + g * kBlockN + 16 * c),
                              _mm512_set1_ps(a.sum_x[m * a.groups + g]), v);
       float* o = a.acc_out + m * kBlockN + 16 * c;
-      _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(a.scale + g * kBlockN + 16 * c), v,
-                                          _mm512_loadu_ps(o)));
+      const __m512 s = a.scale ? _mm512_loadu_ps(a.scale + g * kBlockN + 16 * c)
+                               : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                         a.scale16 + g * kBlockN + 16 * c))), 16));
+      _mm512_storeu_ps(o, _mm512_fmadd_ps(s, v, _mm512_loadu_ps(o)));
     }
 }
 
