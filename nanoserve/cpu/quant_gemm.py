@@ -5,8 +5,8 @@ only worth their fewer bytes if a kernel streams them without first widening the
 ``csrc/quant_gemm.cpp`` does that for weight-only schemes (int4 or int8 weights, group scales and
 zero points, float32 or bf16 activations, AVX-512 or AVX2 + FMA), and ``csrc/int8_gemm.cpp`` for
 W8A8 (activations rounded to int8 per token inside the call, int8 dot products by AVX-512 VNNI,
-else AVX2 ``madd``). Past a few rows a blocked GEMM on a dequantized copy wins (the kernel
-re-streams the weight for every 8 rows); ``choose`` finds the crossing for each shape by
+else AVX2 ``madd``). Past a few hundred rows a blocked GEMM on a dequantized copy wins (the
+kernel re-streams the weight for every 8 rows); ``choose`` finds the crossing for each shape by
 measurement and caches it per machine in ``build/quant_gemm.json``, as ``small_gemm.choose``
 does. ``dequantize_into`` writes the weight out in float32 or bf16 for that path (bit-equal to
 ``QuantizedWeight.dequantize`` in float32; in C++, several times faster than the PyTorch one).
@@ -14,14 +14,16 @@ does. ``dequantize_into`` writes the weight out in float32 or bf16 for that path
 Measured on a 2-core AMD EPYC (Zen 5, family 26: AVX-512 with VNNI and BF16, no AMX), one
 thread, bf16 rows, group 32, SmolLM2-135M shapes, ``python -m nanoserve.cpu.quant_gemm
 --cold-mb 256`` (copies cycled so the weights come from memory, as in a model's decode step;
-us per call, the bf16 small-M kernel first; byte ceiling against bf16: 3.56x int4, 1.88x int8):
+us per call, the bf16 small-M kernel first, scales bf16 from ``pack_scales``; the byte ceiling
+against bf16 is 3.56x for int4 and 1.88x for int8; a shared machine, so a few percent of noise):
 
-    N x K         M=1: bf16 / int8 / int4         M=8: bf16 / int8 / int4
-    1536 x 576    49.8 / 29.6 (1.69x) / 16.9 (2.94x)   56.1 / 49.0 (1.14x) / 38.1 (1.47x)
-    576 x 1536    54.7 / 34.5 (1.59x) / 20.6 (2.65x)   57.8 / 49.1 (1.18x) / 41.3 (1.40x)
-    576 x 576     20.3 / 15.1 (1.34x) / 10.0 (2.04x)   22.4 / 22.2 (1.01x) / 18.4 (1.22x)
-    49152 x 576   1301 / 723  (1.80x) / 369  (3.52x)   1372 / 1298 (1.06x) / 1030 (1.33x)
+    N x K         M=1: bf16 / int8 / int4              M=8: bf16 / int8 / int4
+    1536 x 576    54.8 / 36.2 (1.51x) / 20.5 (2.67x)   59.2 / 48.4 (1.22x) / 39.4 (1.50x)
+    576 x 1536    60.4 / 37.4 (1.62x) / 19.0 (3.17x)   56.0 / 49.5 (1.13x) / 40.3 (1.39x)
+    576 x 576     22.3 / 14.1 (1.58x) /  9.5 (2.34x)   26.0 / 21.7 (1.20x) / 18.6 (1.40x)
+    49152 x 576   1498 / 741  (2.02x) / 358  (4.19x)   1655 / 1318 (1.26x) / 1163 (1.42x)
 
+(the int4 LM head, 16 MB, partly fits the 32 MB L3 across calls: hence past the ceiling).
 The small shapes pay a fixed 2-3 us a call (576 x 576 int4 is 0.19 MB), and at 8 rows the
 kernels are bound by multiply-adds, not bytes. ``choose`` found the kernel faster than
 dequantize-then-``F.linear`` up to 256 rows on every shape above (1.04-1.17x at 256, 0.91-0.99x
@@ -30,7 +32,8 @@ at 512), and at every batch for the LM head. W8A8 at prefill sizes against bf16 
 quantization: 0.78-1.29x and 0.81-1.44x).
 
     packed = pack(q, bits=4)                                     # q (N, K) int8, at load
-    y = gemm(x, packed, scale, zero, 4, 32, bias, N)             # x (..., K) -> (..., N)
+    scale_p, zero_p = pack_scales(scale, zero)                   # at load too (optional)
+    y = gemm(x, packed, scale_p, zero_p, 4, 32, bias, N)         # x (..., K) -> (..., N)
     p8 = pack_int8(q8); y = int8_gemm(x, p8, w_scale, bias, N)   # W8A8
     rows = choose(N, K, 4, 32, torch.bfloat16)                   # the kernel for <= rows
 """
