@@ -234,6 +234,9 @@ void int8_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
   std::vector<int8_t> xq(M * ldq, 0);
   std::vector<float> sx(M);
   const bool vec = isa == "avx512";  // the AVX2 build's scalar loop is the one tested there
+  // VNNI: (T, K4, 8): tile t's quads, 8 rows to a quad, offset to unsigned; AVX2: int16 rows
+  std::vector<int32_t> xu(vec ? (M + kMaxRows - 1) / kMaxRows * K4 * kMaxRows : 0, 0);
+  std::vector<int16_t> x16(vec ? 0 : M * ldq, 0);
   at::parallel_for(0, M, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t m = lo; m < hi; ++m) {
       int8_t* dst = xq.data() + m * ldq;
@@ -241,24 +244,20 @@ void int8_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
         sx[m] = quantize_row(x.data_ptr<float>() + m * x.stride(0), K, dst, vec);
       else
         sx[m] = quantize_row(x.data_ptr<c10::BFloat16>() + m * x.stride(0), K, dst, vec);
+      if (vec) {
+        int32_t* t = xu.data() + (m / kMaxRows) * K4 * kMaxRows + m % kMaxRows;
+        for (int64_t q = 0; q < K4; ++q) {
+          uint32_t quad;
+          std::memcpy(&quad, dst + 4 * q, 4);
+          t[q * kMaxRows] = static_cast<int32_t>(quad ^ 0x80808080u);
+        }
+      } else {
+        std::copy(dst, dst + ldq, x16.data() + m * ldq);
+      }
     }
   });
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* ws = w_scale.data_ptr<float>();
-  std::vector<int32_t> xu;  // (T, K4, 8): tile t's quads, 8 rows to a quad, offset to unsigned
-  std::vector<int16_t> x16;
-  if (isa == "avx512") {
-    xu.assign((M + kMaxRows - 1) / kMaxRows * K4 * kMaxRows, 0);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t q = 0; q < K4; ++q) {
-        uint32_t quad;
-        std::memcpy(&quad, xq.data() + m * ldq + 4 * q, 4);
-        xu[(m / kMaxRows * K4 + q) * kMaxRows + m % kMaxRows] =
-            static_cast<int32_t>(quad ^ 0x80808080u);
-      }
-  } else {
-    x16.assign(xq.begin(), xq.end());
-  }
   float* of = dtype == at::kFloat ? out.data_ptr<float>() : nullptr;
   c10::BFloat16* ob = dtype == at::kFloat ? nullptr : out.data_ptr<c10::BFloat16>();
   const float* bf = of && bias.has_value() ? bias->data_ptr<float>() : nullptr;
