@@ -7,8 +7,7 @@
 // positions 0, 4, 1, 5, 2, 6, 3, 7), so with AVX-512 two chunks are one broadcast, one variable
 // shift that puts each lane's nibble at the bottom, one 16-entry permute to the signed value,
 // and a subtract and multiply: 16 consecutive outputs of a row per handful of instructions.
-// int8 ((K, 32) blocks, k-major): 16 k of all 32 outputs at a time through a small tile, then
-// written out row by row.
+// int8 ((K, 32) blocks, k-major): a row's 16 k by one gather of stride 32.
 #include "ops.h"
 #include "quant_common.h"
 
@@ -77,27 +76,47 @@ void int4_row(const uint8_t* wb, int64_t j, int64_t K, int64_t gs, const float* 
   }
 }
 
-// Rows [0, width) of an int8 block, 16 k at a time through a (16, 32) tile.
+#if defined(__AVX512F__)
 template <typename T>
-void int8_rows(const int8_t* wb, int64_t width, int64_t K, int64_t gs, const float* sc,
-               const float* zf, T* dst) {
-  constexpr int64_t kTile = 16;
-  float tile[kTile][kBlockN];
-  for (int64_t k0 = 0; k0 < K; k0 += kTile) {
-    const int64_t n = std::min<int64_t>(kTile, K - k0);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t k = k0 + i, g = k / gs;
-      const int8_t* w = wb + k * kBlockN;
-      const float* s = sc + g * kBlockN;
-      if (zf) {
-        const float* z = zf + g * kBlockN;
-        for (int64_t j = 0; j < kBlockN; ++j) tile[i][j] = (float(w[j]) - z[j]) * s[j];
-      } else {
-        for (int64_t j = 0; j < kBlockN; ++j) tile[i][j] = float(w[j]) * s[j];
-      }
+inline void store16(T* dst, __m512 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    _mm512_storeu_ps(dst, v);
+  } else {
+#if defined(__AVX512BF16__)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+    alignas(64) float tmp[16];
+    _mm512_store_ps(tmp, v);
+    for (int i = 0; i < 16; ++i) put(dst, i, tmp[i]);
+#endif
+  }
+}
+#endif
+
+// Row j of an int8 ((K, 32) bytes) block: K values into dst. With AVX-512, 16 k at a time by a
+// gather of the 32-bit words at the row's bytes (stride 32), each sign-extended from its low
+// byte; the last 16 k go one by one, so that no gather reads past the tensor's end.
+template <typename T>
+void int8_row(const int8_t* wb, int64_t j, int64_t K, int64_t gs, const float* sc,
+              const float* zf, T* dst) {
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                           11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(kBlockN));
+  if (gs % 16 == 0)
+    for (; k + 16 < K; k += 16) {
+      const __m512i v = _mm512_i32gather_epi32(idx, wb + k * kBlockN + j, 1);
+      __m512 q = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24));
+      const int64_t g = k / gs;
+      if (zf) q = _mm512_sub_ps(q, _mm512_set1_ps(zf[g * kBlockN + j]));
+      store16(dst + k, _mm512_mul_ps(q, _mm512_set1_ps(sc[g * kBlockN + j])));
     }
-    for (int64_t j = 0; j < width; ++j)
-      for (int64_t i = 0; i < n; ++i) put(dst + j * K, k0 + i, tile[i][j]);
+#endif
+  for (; k < K; ++k) {
+    const int64_t g = k / gs;
+    const float z = zf ? zf[g * kBlockN + j] : 0.f;
+    put(dst, k, (float(wb[k * kBlockN + j]) - z) * sc[g * kBlockN + j]);
   }
 }
 
@@ -112,8 +131,9 @@ void run(T* out, const uint8_t* wp, int64_t block_bytes, const at::Tensor& scale
       const uint8_t* wb = wp + nb * block_bytes;
       const int64_t n0 = nb * kBlockN, width = std::min<int64_t>(kBlockN, N - n0);
       if (bits == 8) {
-        int8_rows(reinterpret_cast<const int8_t*>(wb), width, K, gs, params.scale(nb),
-                  params.zero(nb), out + n0 * K);
+        for (int64_t j = 0; j < width; ++j)
+          int8_row(reinterpret_cast<const int8_t*>(wb), j, K, gs, params.scale(nb),
+                   params.zero(nb), out + (n0 + j) * K);
       } else {
         for (int64_t j = 0; j < width; ++j)
           int4_row(wb, j, K, gs, params.scale(nb), params.zero(nb), out + (n0 + j) * K);
