@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace nanoserve {
@@ -29,6 +30,19 @@ bool small_gemm_f32_available();
 at::Tensor pack_small_gemm(const at::Tensor& weight);
 void small_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                 const std::optional<at::Tensor>& bias);
+
+bool quant_gemm_available(const std::string& isa);
+at::Tensor pack_quant_weight(const at::Tensor& q, int64_t bits);
+void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
+                const at::Tensor& scale, const std::optional<at::Tensor>& zero, int64_t bits,
+                int64_t group_size, const std::optional<at::Tensor>& bias,
+                const std::string& isa);
+void dequantize_into(at::Tensor& buf, const at::Tensor& packed, const at::Tensor& scale,
+                     const std::optional<at::Tensor>& zero, int64_t bits, int64_t group_size);
+at::Tensor pack_int8_weight(const at::Tensor& q);
+void int8_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
+               const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
+               const std::string& isa);
 
 using OptionalTensors = c10::List<std::optional<at::Tensor>>;
 void decode_layers(at::Tensor& h, at::Tensor& residual, at::TensorList norm1,

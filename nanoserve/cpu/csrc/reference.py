@@ -67,3 +67,31 @@ def apply_token_bitmask_reference(logits: torch.Tensor, rows: torch.Tensor,
     out = logits.clone()
     out[rows] = out[rows].masked_fill(~ok, float("-inf"))
     return out
+
+
+def dequantize_reference(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+                         group_size: int) -> torch.Tensor:
+    """q (N, K) int8, scale and zero (N, K / group_size) -> W (N, K) float32:
+    ``(q - zero) * scale`` group by group, what ``quant_gemm`` multiplies by."""
+    w = q.float().unflatten(1, (-1, group_size))  # (N, G, gs)
+    if zero is not None:
+        w = w - zero.float()[..., None]
+    return (w * scale.float()[..., None]).flatten(1)
+
+
+def quant_gemm_reference(x, q, scale, zero, group_size, bias=None) -> torch.Tensor:
+    """Dequantize, then ``F.linear`` in float32, rounded once to x's dtype."""
+    w = dequantize_reference(q, scale, zero, group_size)
+    b = None if bias is None else bias.float()
+    return F.linear(x.float(), w, b).to(x.dtype)
+
+
+def int8_gemm_reference(x, q, w_scale, bias=None) -> torch.Tensor:
+    """W8A8's reference: x rounded to int8 per token (scale max|x| / 127, half to even) and
+    back, then ``F.linear`` against ``q * w_scale`` in float32, rounded once to x's dtype."""
+    xf = x.float()
+    s = xf.abs().amax(-1, keepdim=True) / 127
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    xq = torch.round(xf / s).clamp(-128, 127) * s
+    b = None if bias is None else bias.float()
+    return F.linear(xq, q.float() * w_scale.float()[:, None], b).to(x.dtype)

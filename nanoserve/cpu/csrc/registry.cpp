@@ -22,6 +22,15 @@ TORCH_LIBRARY(nanoserve, m) {
   m.def("small_gemm_f32_available() -> bool");
   m.def("pack_small_gemm(Tensor weight) -> Tensor");
   m.def("small_gemm(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()");
+  m.def("quant_gemm_available(str isa) -> bool");
+  m.def("pack_quant_weight(Tensor q, int bits) -> Tensor");
+  m.def("quant_gemm(Tensor(a!) out, Tensor x, Tensor packed, Tensor scale, Tensor? zero, "
+        "int bits, int group_size, Tensor? bias, str isa) -> ()");
+  m.def("dequantize_into(Tensor(a!) buf, Tensor packed, Tensor scale, Tensor? zero, int bits, "
+        "int group_size) -> ()");
+  m.def("pack_int8_weight(Tensor q) -> Tensor");
+  m.def("int8_gemm(Tensor(a!) out, Tensor x, Tensor packed, Tensor w_scale, Tensor? bias, "
+        "str isa) -> ()");
   m.def("bind_threads(int[] cpus) -> int[]");
   m.def("decode_layers(Tensor(a!) h, Tensor(b!) residual, Tensor[] norm1, Tensor[] norm2, "
         "Tensor[] qkv_w, Tensor?[] qkv_b, Tensor[] o_w, Tensor?[] o_b, Tensor[] gate_up_w, "
@@ -42,10 +51,16 @@ TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
   m.impl("pack_small_gemm", &nanoserve::pack_small_gemm);
   m.impl("small_gemm", &nanoserve::small_gemm);
   m.impl("decode_layers", &nanoserve::decode_layers);
+  m.impl("pack_quant_weight", &nanoserve::pack_quant_weight);
+  m.impl("quant_gemm", &nanoserve::quant_gemm);
+  m.impl("dequantize_into", &nanoserve::dequantize_into);
+  m.impl("pack_int8_weight", &nanoserve::pack_int8_weight);
+  m.impl("int8_gemm", &nanoserve::int8_gemm);
 }
 
 TORCH_LIBRARY_IMPL(nanoserve, CompositeExplicitAutograd, m) {
   m.impl("small_gemm_available", &nanoserve::small_gemm_available);
   m.impl("small_gemm_f32_available", &nanoserve::small_gemm_f32_available);
   m.impl("bind_threads", &nanoserve::bind_threads);
+  m.impl("quant_gemm_available", &nanoserve::quant_gemm_available);
 }

@@ -1,0 +1,224 @@
+// The weight-only quantized matmul's AVX-512 blocks: one packed block of 32 output features
+// against up to 8 rows, the weights widened in registers, sums in float32.
+//
+// int4 (quant_gemm.cpp packs it): a block is K/8 chunks of two 64-byte lines, outputs 0-15 and
+// 16-31; each 32-bit lane of a line is one output's 8 nibbles (two's complement), positions 0-3
+// holding k = 0, 2, 4, 6 of the chunk and 4-7 holding k = 1, 3, 5, 7. Two ways to widen it:
+// - float32 rows: nibble p of every lane by one shift (srli by 4p) and one vpermps, whose index
+//   is the lane's low 4 bits: a 16-entry table of the signed values 0..7, -8..-1. Two
+//   instructions per 16 weights, then one FMA per row.
+// - bf16 rows (AVX512-BF16): the same line read as 32 16-bit words, one shift (srli_epi16 by 4i)
+//   and one vpermw per k-pair i turn every word into the bf16 of its nibble i; the low word of
+//   each lane is k = 2i and the high word k = 2i + 1, exactly the pair _mm512_dpbf16_ps wants
+//   against a broadcast pair of the row. Small integers are exact in bf16, so each product is
+//   exact and 32 multiply-adds cost one instruction: at 8 rows the float32 path is bound by its
+//   FMAs (two weights' worth a cycle per row), this one by half as many instructions.
+// int8: a block is (K, 32) bytes; one vpmovsxbd from memory and one convert per 16 weights.
+//
+// Each group of inputs sums into fresh accumulators, then folds once into acc_out:
+// acc_out += scale * (sum - zero * sum_x_group), so the scale costs one FMA per group and lane,
+// not one per weight. With one or two rows the accumulators are split into S sets by k and
+// added at the fold: 2 FMA pipes x 4 cycles of latency want about 8 independent chains.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace nanoserve {
+namespace qavx512 {
+
+constexpr int64_t kBlockN = 32;
+constexpr int64_t kPrefetch = 8192;  // bytes ahead in the weight stream
+#define NANOSERVE_UNROLL_Q _Pragma("GCC unroll 8")
+
+// The rows come transposed, 8 to a k, so that every broadcast is one address off one pointer:
+// x[k * 8 + m] (float32) and xb[(k / 2) * 8 + m] (a bf16 k-pair as one 32-bit word).
+constexpr int64_t kRowsT = 8;
+
+struct Args {
+  const float* x;       // (K, 8) float32 rows (the float path)
+  const int32_t* xb;    // (K / 2, 8) bf16 pairs (the bf16 path), or null
+  const uint8_t* w;     // this block
+  int64_t group_size, groups;
+  const float* scale;   // (G, 32): this block's scales, transposed, or null and...
+  const uint16_t* scale16;  // ...(G, 32) bf16 (pack_scales' copies of bf16 scales)
+  const float* zero;    // (G, 32) zero points as float, or null
+  const float* sum_x;   // (M, G) each row's group sums (with zero points), or null
+  float* acc_out;       // (M, 32), accumulated into
+};
+
+constexpr int sets(int M) { return M == 1 ? 4 : (M == 2 ? 2 : 1); }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define NANOSERVE_QUANT_AVX512 1
+
+// acc_out[m] += scale * (acc[m] - zero * sum_x[m, g]) over the S sets' sum.
+template <int M, int S>
+inline void fold(const Args& a, int64_t g, __m512 (&acc)[S][M][2]) {
+  NANOSERVE_UNROLL_Q for (int m = 0; m < M; ++m)
+    NANOSERVE_UNROLL_Q for (int c = 0; c < 2; ++c) {
+      __m512 v = acc[0][m][c];
+      NANOSERVE_UNROLL_Q for (int s = 1; s < S; ++s) v = _mm512_add_ps(v, acc[s][m][c]);
+      if (a.zero)
+        v = _mm512_fnmadd_ps(_mm512_loadu_ps(a.zero + g * kBlockN + 16 * c),
+                             _mm512_set1_ps(a.sum_x[m * a.groups + g]), v);
+      float* o = a.acc_out + m * kBlockN + 16 * c;
+      const __m512 s = a.scale ? _mm512_loadu_ps(a.scale + g * kBlockN + 16 * c)
+                               : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                         a.scale16 + g * kBlockN + 16 * c))), 16));
+      _mm512_storeu_ps(o, _mm512_fmadd_ps(s, v, _mm512_loadu_ps(o)));
+    }
+}
+
+template <int M, int S>
+inline void zero_acc(__m512 (&acc)[S][M][2]) {
+  NANOSERVE_UNROLL_Q for (int s = 0; s < S; ++s)
+    NANOSERVE_UNROLL_Q for (int m = 0; m < M; ++m) acc[s][m][0] = acc[s][m][1] = _mm512_setzero_ps();
+}
+
+inline void prefetch_lines(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + 64), _MM_HINT_T0);
+}
+
+// int4 x float32 rows.
+template <int M>
+void int4_f32(const Args& a) {
+  constexpr int S = sets(M);
+  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+  const int64_t chunks = a.group_size / 8;
+  for (int64_t g = 0; g < a.groups; ++g) {
+    __m512 acc[S][M][2];
+    zero_acc<M, S>(acc);
+    for (int64_t c = g * chunks; c < (g + 1) * chunks; ++c) {
+      const uint8_t* line = a.w + c * 128;
+      prefetch_lines(line);
+      const __m512i l0 = _mm512_loadu_si512(line), l1 = _mm512_loadu_si512(line + 64);
+      const float* xk = a.x + c * 8 * kRowsT;
+      NANOSERVE_UNROLL_Q for (int p = 0; p < 8; ++p) {
+        const __m512 w0 = _mm512_permutexvar_ps(_mm512_srli_epi32(l0, 4 * p), table);
+        const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(l1, 4 * p), table);
+        const int k = p < 4 ? 2 * p : 2 * (p - 4) + 1;
+        NANOSERVE_UNROLL_Q for (int m = 0; m < M; ++m) {
+          const __m512 xv = _mm512_set1_ps(xk[k * kRowsT + m]);
+          acc[p % S][m][0] = _mm512_fmadd_ps(xv, w0, acc[p % S][m][0]);
+          acc[p % S][m][1] = _mm512_fmadd_ps(xv, w1, acc[p % S][m][1]);
+        }
+      }
+    }
+    fold<M, S>(a, g, acc);
+  }
+}
+
+#if defined(__AVX512BF16__)
+#define NANOSERVE_QUANT_BF16_DP 1
+// int4 x bf16 rows, by bf16 dot products of k-pairs.
+template <int M>
+void int4_bf16(const Args& a) {
+  constexpr int S = sets(M) > 4 ? 4 : sets(M);
+  // bf16 bit patterns of the signed nibble values, twice (vpermw reads 5 index bits)
+  alignas(64) static const uint16_t kTable[32] = {
+      0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
+      0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,
+      0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
+      0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80};
+  const __m512i table = _mm512_load_si512(kTable);
+  const int64_t chunks = a.group_size / 8;
+  for (int64_t g = 0; g < a.groups; ++g) {
+    __m512 acc[S][M][2];
+    zero_acc<M, S>(acc);
+    for (int64_t c = g * chunks; c < (g + 1) * chunks; ++c) {
+      const uint8_t* line = a.w + c * 128;
+      prefetch_lines(line);
+      const __m512i l0 = _mm512_loadu_si512(line), l1 = _mm512_loadu_si512(line + 64);
+      const int32_t* xk = a.xb + c * 4 * kRowsT;
+      NANOSERVE_UNROLL_Q for (int i = 0; i < 4; ++i) {
+        const __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(l0, 4 * i), table);
+        const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(l1, 4 * i), table);
+        NANOSERVE_UNROLL_Q for (int m = 0; m < M; ++m) {
+          const __m512bh xv = (__m512bh)_mm512_set1_epi32(xk[i * kRowsT + m]);
+          acc[i % S][m][0] = _mm512_dpbf16_ps(acc[i % S][m][0], xv, w0);
+          acc[i % S][m][1] = _mm512_dpbf16_ps(acc[i % S][m][1], xv, w1);
+        }
+      }
+    }
+    fold<M, S>(a, g, acc);
+  }
+}
+
+// int8 x bf16 rows: rows k and k+1 of the (K, 32) block widened to float32 (exact), and each
+// lane's two floats, whose low 16 bits are zero (at most 8 significant bits), joined into one
+// bf16 pair by a shift and a ternary-logic OR: 6 instructions per 16 outputs and k-pair, then
+// one dot product per row. Needs an even group size (a pair never straddles two groups).
+template <int M>
+void int8_bf16(const Args& a) {
+  constexpr int S = sets(M) > 2 ? 2 : sets(M);
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t g = 0; g < a.groups; ++g) {
+    __m512 acc[S][M][2];
+    zero_acc<M, S>(acc);
+    const int64_t p0 = g * a.group_size / 2, p1 = p0 + a.group_size / 2;
+    for (int64_t pp = p0; pp < p1; pp += S)
+      NANOSERVE_UNROLL_Q for (int s = 0; s < S; ++s) {
+        const int64_t kk = pp + s < p1 ? pp + s : p1 - 1;  // an odd tail repeats into nothing
+        const bool live = pp + s < p1;
+        const uint8_t* r0 = a.w + 2 * kk * kBlockN;
+        _mm_prefetch(reinterpret_cast<const char*>(r0 + kPrefetch), _MM_HINT_T0);
+        __m512bh w[2];
+        NANOSERVE_UNROLL_Q for (int c = 0; c < 2; ++c) {
+          const __m512i lo = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + 16 * c)))));
+          const __m512i hi = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + kBlockN + 16 * c)))));
+          const __m512i pair = _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), hi, high, 0xF8);
+          w[c] = (__m512bh)(live ? pair : _mm512_setzero_si512());
+        }
+        NANOSERVE_UNROLL_Q for (int m = 0; m < M; ++m) {
+          const __m512bh xv = (__m512bh)_mm512_set1_epi32(a.xb[kk * kRowsT + m]);
+          acc[s][m][0] = _mm512_dpbf16_ps(acc[s][m][0], xv, w[0]);
+          acc[s][m][1] = _mm512_dpbf16_ps(acc[s][m][1], xv, w[1]);
+        }
+      }
+    fold<M, S>(a, g, acc);
+  }
+}
+#endif
+
+// int8 x float32 rows: (K, 32) bytes, k by k.
+template <int M>
+void int8_f32(const Args& a) {
+  constexpr int S = sets(M);
+  for (int64_t g = 0; g < a.groups; ++g) {
+    __m512 acc[S][M][2];
+    zero_acc<M, S>(acc);
+    const int64_t k0 = g * a.group_size, k1 = k0 + a.group_size;
+    auto step = [&](__m512 (&ac)[M][2], int64_t k) {
+      const uint8_t* row = a.w + k * kBlockN;
+      const __m512 w0 = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row))));
+      const __m512 w1 = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16))));
+      NANOSERVE_UNROLL_Q for (int m = 0; m < M; ++m) {
+        const __m512 xv = _mm512_set1_ps(a.x[k * kRowsT + m]);
+        ac[m][0] = _mm512_fmadd_ps(xv, w0, ac[m][0]);
+        ac[m][1] = _mm512_fmadd_ps(xv, w1, ac[m][1]);
+      }
+    };
+    int64_t k = k0;
+    for (; k + S <= k1; k += S)
+      NANOSERVE_UNROLL_Q for (int s = 0; s < S; ++s) {
+        _mm_prefetch(reinterpret_cast<const char*>(a.w + (k + s) * kBlockN + kPrefetch),
+                     _MM_HINT_T0);  // a line per two k: the second fetch of it costs no memory
+        step(acc[s], k + s);
+      }
+    for (; k < k1; ++k) step(acc[0], k);
+    fold<M, S>(a, g, acc);
+  }
+}
+
+#endif  // __AVX512F__ && __AVX512BW__
+
+}  // namespace qavx512
+}  // namespace nanoserve
