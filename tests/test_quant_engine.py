@@ -93,6 +93,8 @@ def fake_kernels(monkeypatch):
         return y if bias is None else y + bias
 
     for name, fn in dict(unavailable=lambda bits, dtype: None, pack=lambda q, bits: q.clone(),
+                         shape_unsupported=lambda K, bits, gs: None,
+                         pack_scales=lambda scale, zero: (scale.float(), zero),
                          pack_int8=lambda q: q.clone(), gemm=gemm, int8_gemm=int8_gemm,
                          choose=lambda N, K, bits, gs, dtype: FAKE_ROWS).items():
         monkeypatch.setattr(quant_gemm, name, fn)
@@ -109,12 +111,14 @@ def tokens(llm, prompts=PROMPTS) -> list[list[int]]:
     return out
 
 
-def check_kernel_against_reference(folder) -> None:
-    """Greedy tokens with the (emulated) kernels equal the reference method's; logits close."""
+def check_kernel_against_reference(folder, rows: int | None = FAKE_ROWS) -> None:
+    """Greedy tokens with the kernels (emulated, taking ``rows``; or the C++ ones, ``rows``
+    None) equal the reference method's; logits close."""
     llm = LLM(str(folder), **KW)
     model = llm.core.loaded.model
     assert all(isinstance(m.method, QuantKernelLinear) for m in quantized_linears(model))
-    assert f"kernel up to {FAKE_ROWS} rows" in quantized_linears(model)[0].method.describe()
+    described = quantized_linears(model)[0].method.describe()
+    assert (f"kernel up to {rows} rows" if rows else "kernel") in described, described
     kernel, kernel_logits = tokens(llm), greedy_logits(llm, PROMPTS[1], 4)
     use_method(model, "quant_reference")
     assert tokens(llm) == kernel
@@ -125,6 +129,15 @@ def check_kernel_against_reference(folder) -> None:
 @pytest.mark.parametrize("source,scheme", FAST)
 def test_kernel_method_matches_the_reference(quantized, fake_kernels, source, scheme):
     check_kernel_against_reference(quantized(source, scheme)[0])
+
+
+@pytest.mark.skipif(quant_gemm.unavailable(4, torch.float32) is not None,
+                    reason="the C++ quantized kernels are not built here")
+@pytest.mark.parametrize("source,scheme", FAST)
+def test_cpp_kernels_match_the_reference(quantized, source, scheme):
+    """The C++ kernels themselves (their own tests hold each product to the reference's to
+    float32 rounding): the engine's greedy tokens with them are the reference method's."""
+    check_kernel_against_reference(quantized(source, scheme)[0], rows=None)
 
 
 @pytest.mark.slow

@@ -114,11 +114,16 @@ class QuantKernelLinear(QuantizedLinearMethod):
         if self.why is not None:
             return
         N, K = qw.shape
-        w8a8 = qw.act_bits is not None
-        self.packed = quant_gemm.pack_int8(qw.q) if w8a8 else quant_gemm.pack(qw.q, qw.bits)
-        scale = qw.scale.to(torch.float32).contiguous()  # (N, G)
-        self.scale = scale.view(N) if w8a8 else scale
-        self.zero = None if qw.zero is None else qw.zero.contiguous()
+        if qw.act_bits is not None:  # W8A8: one float32 scale per output feature
+            self.packed = quant_gemm.pack_int8(qw.q)
+            self.scale, self.zero = qw.scale.to(torch.float32).reshape(N).contiguous(), None
+        else:
+            self.why = quant_gemm.shape_unsupported(K, qw.bits, qw.group_size)
+            if self.why is not None:
+                return
+            self.packed = quant_gemm.pack(qw.q, qw.bits)
+            # blocked copies the kernel streams beside the weight (bf16 scales stay 2 bytes)
+            self.scale, self.zero = quant_gemm.pack_scales(qw.scale, qw.zero)
         self.rows = int(quant_gemm.choose(N, K, qw.bits, qw.group_size, dtype))
 
     def run(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
