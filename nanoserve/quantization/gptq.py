@@ -38,8 +38,8 @@ def inverse_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor:
     """The upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1`` (K, K)."""
     K = H.shape[0]
     H = H + damp * torch.diag(H).mean() * torch.eye(K, dtype=H.dtype)
-    L = torch.linalg.cholesky(H)
-    if not torch.isfinite(L).all():
+    L, info = torch.linalg.cholesky_ex(H)
+    if int(info) != 0 or not torch.isfinite(L).all():
         raise ValueError(f"gptq: the ({K}, {K}) Hessian is not positive definite after damping "
                          f"by {damp}; raise damp or calibrate on more tokens")
     return torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
