@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.cpu import quant_gemm
+from nanoserve.layers import linear_quant
 from nanoserve.layers.linear_methods import use_method
 from nanoserve.layers.linear_quant import (
     QuantKernelLinear,
@@ -98,6 +99,7 @@ def fake_kernels(monkeypatch):
                          pack_int8=lambda q: q.clone(), gemm=gemm, int8_gemm=int8_gemm,
                          choose=lambda N, K, bits, gs, dtype: FAKE_ROWS).items():
         monkeypatch.setattr(quant_gemm, name, fn)
+    monkeypatch.setattr(linear_quant, "choose_int8", lambda N, K, dtype: FAKE_ROWS)
 
 
 def drained(llm) -> None:

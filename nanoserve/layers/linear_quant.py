@@ -27,6 +27,7 @@ from torch import nn
 
 from nanoserve.cpu import quant_gemm
 from nanoserve.cpu.small_gemm import ALL_ROWS
+from nanoserve.cpu.w8a8_choice import choose_int8
 from nanoserve.layers.linear import Linear, OpaqueLinearMethod
 from nanoserve.quantization.rtn import fake_quantize_per_token
 from nanoserve.quantization.weight import QuantizedWeight
@@ -117,13 +118,14 @@ class QuantKernelLinear(QuantizedLinearMethod):
         if qw.act_bits is not None:  # W8A8: one float32 scale per output feature
             self.packed = quant_gemm.pack_int8(qw.q)
             self.scale, self.zero = qw.scale.to(torch.float32).reshape(N).contiguous(), None
-        else:
-            self.why = quant_gemm.shape_unsupported(K, qw.bits, qw.group_size)
-            if self.why is not None:
-                return
-            self.packed = quant_gemm.pack(qw.q, qw.bits)
-            # blocked copies the kernel streams beside the weight (bf16 scales stay 2 bytes)
-            self.scale, self.zero = quant_gemm.pack_scales(qw.scale, qw.zero)
+            self.rows = choose_int8(N, K, dtype)  # int8 x int8 against the dequantized path
+            return
+        self.why = quant_gemm.shape_unsupported(K, qw.bits, qw.group_size)
+        if self.why is not None:
+            return
+        self.packed = quant_gemm.pack(qw.q, qw.bits)
+        # blocked copies the kernel streams beside the weight (bf16 scales stay 2 bytes)
+        self.scale, self.zero = quant_gemm.pack_scales(qw.scale, qw.zero)
         self.rows = int(quant_gemm.choose(N, K, qw.bits, qw.group_size, dtype))
 
     def run(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
