@@ -118,8 +118,9 @@ def layer_weights(model) -> dict | None:
 
 
 def _decode_layers(model, residual, cos, sin, backend, cells) -> torch.Tensor | None:
-    """The layer loop as one op for a decode step that qualifies (``decode_layers``); None
-    where fused_forward's own loop must run."""
+    """The layer loop as one op for a decode step that qualifies (``decode_layers``, or
+    ``decode_layers_quant`` for a quantized model); None where fused_forward's own loop must
+    run."""
     B, T, E = residual.shape
     if T != 1 or cells is None or torch.compiler.is_compiling():
         return None
