@@ -12,9 +12,11 @@ matmuls at decode sizes. This forward keeps every matmul (plain or packed) and r
   (``attend_written``); other backends (Day 7's cache, graph windows, the compiled decode's
   opaque one) get rotated q, k, v and write them themselves;
 - SiLU-and-multiply writes the MLP's product straight into one buffer;
-- at decode size, where every linear takes the small-M kernel and the cache reads through the C++
-  kernel, the whole layer loop is one op (``decode_layers``, csrc/decode_layers.cpp): the same
-  calls in the same order, without the interpreter between them, so the same bits. Each
+- at decode size, where every linear takes the small-M kernel (or every linear is a quantized
+  weight whose kernel takes the batch) and the cache reads through the C++ kernel, the whole
+  layer loop is one op (``decode_layers``, csrc/decode_layers.cpp, or ``decode_layers_quant``,
+  csrc/decode_layers_quant.cpp): the same calls in the same order, without the interpreter
+  between them, so the same bits. Each
   layer's sliding window (Mistral's) goes with it (``windows``, 0 for a global layer); a model
   with no window passes none, and its call is what it was.
 
@@ -59,36 +61,66 @@ def _mlp(mlp, h):
     return mlp.down_proj(act)
 
 
+_SLOTS = ("qkv", "o", "gate_up", "down")  # each layer's linears, in the order the loop runs them
+
+
+def _linears(layer) -> list:
+    attn, mlp = layer.self_attn, layer.mlp
+    return [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+
+
+def _quantized(method) -> bool:
+    """A quantized kernel method (``layers.linear_quant.QuantKernelLinear``) whose C++ kernel
+    runs at decode size: no act order (its input would be gathered first), no fallback, and
+    the packed layout the C++ kernels read (``quant_gemm.pack``: 3-D; ``pack_int8``: one row of
+    bytes per 32 outputs), not a stand-in's."""
+    qw, packed = getattr(method, "qw", None), getattr(method, "packed", None)
+    if qw is None or packed is None or getattr(method, "why", "") is not None:
+        return False
+    blocks = -(-qw.shape[0] // 32)
+    laid_out = (packed.dim() == 2 and packed.shape[0] == blocks if qw.act_bits is not None
+                else packed.dim() == 3 and packed.shape[0] == blocks)
+    return laid_out and qw.perm is None and method.rows > 0
+
+
 def layer_weights(model) -> dict | None:
-    """Each layer's norms and small-M copies as ``decode_layers`` takes them, and the largest
-    batch every linear sends to the small-M kernel: built once, at load (``prepare_model``), into
-    ``model.decode_layer_weights``. None where some linear has no small-M copy (not packed,
-    oneDNN chosen for its shape) or sums over ranks (a tensor-parallel row)."""
-    lists: dict = {k: [] for k in ("norm1", "norm2", "qkv_w", "qkv_b", "o_w", "o_b",
-                                   "gate_up_w", "gate_up_b", "down_w", "down_b")}
-    rows = []
-    for layer in model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        linears = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj,
-                   "down": mlp.down_proj}
-        if not all(getattr(m.method, "small", None) is not None and m.all_reduce is None
-                   for m in linears.values()):
+    """Each layer's norms and linears as ``decode_layers`` (every linear a small-M copy) or
+    ``decode_layers_quant`` (every linear a quantized kernel's packed weight) takes them, and the
+    largest batch every linear sends to its kernel: built once, at load (``prepare_model``), into
+    ``model.decode_layer_weights``. None where some linear has neither (not packed, oneDNN
+    chosen for its shape, the dequantized fallback, act order), the model mixes the two, or a
+    linear sums over ranks (a tensor-parallel row)."""
+    methods = [m.method for layer in model.layers for m in _linears(layer)]
+    if any(m.all_reduce is not None for layer in model.layers for m in _linears(layer)):
+        return None
+    norms = {"norm1": [layer.input_layernorm.weight for layer in model.layers],
+             "norm2": [layer.post_attention_layernorm.weight for layer in model.layers]}
+    if all(getattr(m, "small", None) is not None for m in methods):
+        lists: dict = {**norms, **{f"{n}_{k}": [] for n in _SLOTS for k in ("w", "b")}}
+        for i, m in enumerate(methods):
+            lists[f"{_SLOTS[i % 4]}_w"].append(m.small)
+            lists[f"{_SLOTS[i % 4]}_b"].append(m.bias)
+        dtype, quant = methods[0].small.dtype if methods else None, False
+    elif methods and all(_quantized(m) for m in methods):
+        if len({m.dtype for m in methods}) != 1:
             return None
-        for name, m in linears.items():
-            lists[f"{name}_w"].append(m.method.small)
-            lists[f"{name}_b"].append(m.method.bias)
-            rows.append(m.method.rows)
-        lists["norm1"].append(layer.input_layernorm.weight)
-        lists["norm2"].append(layer.post_attention_layernorm.weight)
+        lists = {**norms, "packed": [m.packed for m in methods],
+                 "w_scale": [m.scale for m in methods], "w_zero": [m.zero for m in methods],
+                 "bias": [m.bias for m in methods], "bits": [m.qw.bits for m in methods],
+                 "group_size": [m.qw.group_size for m in methods],
+                 "act_bits": [m.qw.act_bits or 0 for m in methods]}
+        dtype, quant = methods[0].dtype, True
+    else:
+        return None
     windows = [w or 0 for w in getattr(model, "windows", ())]
-    return {"lists": lists, "rows": min(rows, default=0),
-            "dtype": lists["qkv_w"][0].dtype if rows else None,
-            "windows": windows if any(windows) else None}
+    return {"lists": lists, "rows": min((m.rows for m in methods), default=0),
+            "dtype": dtype, "quant": quant, "windows": windows if any(windows) else None}
 
 
 def _decode_layers(model, residual, cos, sin, backend, cells) -> torch.Tensor | None:
-    """The layer loop as one op for a decode step that qualifies (``decode_layers``); None
-    where fused_forward's own loop must run."""
+    """The layer loop as one op for a decode step that qualifies (``decode_layers``, or
+    ``decode_layers_quant`` for a quantized model); None where fused_forward's own loop must
+    run."""
     B, T, E = residual.shape
     if T != 1 or cells is None or torch.compiler.is_compiling():
         return None
@@ -101,10 +133,10 @@ def _decode_layers(model, residual, cos, sin, backend, cells) -> torch.Tensor | 
     res = residual.view(B, E)
     h = torch.empty_like(res)
     windows = weights.get("windows")  # each layer's window, 0: none; None: no layer has one
-    ops.decode_layers(h, res, *weights["lists"].values(), cos, sin, backend.k, backend.v,
-                      cells, blocks, context_lens, backend.block_size, attn.hq, attn.hkv,
-                      model.layers[0].mlp.i, cfg.rms_norm_eps, attn.d ** -0.5,
-                      *([windows] if windows else []))
+    op = ops.decode_layers_quant if weights["quant"] else ops.decode_layers
+    op(h, res, *weights["lists"].values(), cos, sin, backend.k, backend.v, cells, blocks,
+       context_lens, backend.block_size, attn.hq, attn.hkv, model.layers[0].mlp.i,
+       cfg.rms_norm_eps, attn.d ** -0.5, *([windows] if windows else []))
     return h.view(B, T, E)
 
 

@@ -26,8 +26,9 @@ def prepare_model(model: nn.Module, prepack: bool, small_gemm: bool, kernels: bo
     """``prepack``: oneDNN's packed weights; ``small_gemm``: the small-M kernel where it was
     timed faster, and the quantized kernels for a quantized linear; ``kernels``: the forward
     through the C++ ops, its decode layer loop as one op where every linear has a small-M copy
-    (never a quantized model's: its linears run through their methods, in the C++ forward's
-    own loop); a family the C++ forward cannot compute (``fused_problem``) keeps its own layers
+    or every linear is a quantized kernel's (a model whose linears fall back to the dequantized
+    reference, or mix the two, runs them through their methods, in the C++ forward's own
+    loop); a family the C++ forward cannot compute (``fused_problem``) keeps its own layers
     (PyTorch), over the same ops' attention."""
     quantized = quantized_linears(model)
     if quantized and small_gemm:
@@ -41,5 +42,7 @@ def prepare_model(model: nn.Module, prepack: bool, small_gemm: bool, kernels: bo
         model.fused_forward = fused_forward
         model.decode_layer_weights = layer_weights(model)
         if quantized:
-            log.info("decode layer loop as one op: off (%d quantized linears run through "
-                     "their methods)", len(quantized))
+            weights = model.decode_layer_weights
+            log.info("decode layer loop as one op: %s", "on, through the quantized kernels up "
+                     f"to {weights['rows']} rows" if weights else
+                     f"off ({len(quantized)} quantized linears run through their methods)")

@@ -32,10 +32,10 @@ import torch
 HERE = Path(__file__).resolve().parent
 SOURCES = ("registry.cpp", "norm.cpp", "activation.cpp", "rope_cache.cpp", "decode_attention.cpp",
            "small_gemm.cpp", "threads.cpp", "token_bitmask.cpp", "argmax.cpp",
-           "decode_layers.cpp", "quant_gemm.cpp", "quant_dequant.cpp",
+           "decode_layers.cpp", "decode_layers_quant.cpp", "quant_gemm.cpp", "quant_dequant.cpp",
            "int8_gemm.cpp")
 HEADERS = ("ops.h", "vec.h", "small_gemm_avx2.h", "quant_gemm_avx512.h", "quant_gemm_avx2.h",
-           "quant_common.h")
+           "quant_common.h", "decode_layers.h")
 # -ffp-contract=off: no multiply-add fused behind our back, so float32 rounds where PyTorch does.
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17")
 

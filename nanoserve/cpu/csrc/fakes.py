@@ -18,6 +18,7 @@ def _no_shape_change(*args, **kwargs) -> None:
 
 OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope_and_cache",
        "paged_decode_attention", "apply_token_bitmask", "argmax_rows", "decode_layers",
+       "decode_layers_quant",
        "quant_gemm", "dequantize_into", "int8_gemm")
 
 

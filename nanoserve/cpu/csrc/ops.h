@@ -54,6 +54,16 @@ void decode_layers(at::Tensor& h, at::Tensor& residual, at::TensorList norm1,
                    const at::Tensor& block_table, const at::Tensor& context_lens,
                    int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
                    int64_t intermediate, double eps, double scale, at::IntArrayRef windows);
+void decode_layers_quant(at::Tensor& h, at::Tensor& residual, at::TensorList norm1,
+                         at::TensorList norm2, at::TensorList packed, at::TensorList w_scale,
+                         const OptionalTensors& w_zero, const OptionalTensors& bias,
+                         at::IntArrayRef bits, at::IntArrayRef group_size,
+                         at::IntArrayRef act_bits, const at::Tensor& cos, const at::Tensor& sin,
+                         at::Tensor& k_pools, at::Tensor& v_pools, const at::Tensor& cells,
+                         const at::Tensor& block_table, const at::Tensor& context_lens,
+                         int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
+                         int64_t intermediate, double eps, double scale,
+                         at::IntArrayRef windows);
 
 std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpus);
 

@@ -38,6 +38,12 @@ TORCH_LIBRARY(nanoserve, m) {
         "Tensor(c!) k_pools, Tensor(d!) v_pools, Tensor cells, Tensor block_table, "
         "Tensor context_lens, int block_size, int num_heads, int num_kv_heads, "
         "int intermediate, float eps, float scale, int[] windows=[]) -> ()");
+  m.def("decode_layers_quant(Tensor(a!) h, Tensor(b!) residual, Tensor[] norm1, "
+        "Tensor[] norm2, Tensor[] packed, Tensor[] w_scale, Tensor?[] w_zero, Tensor?[] bias, "
+        "int[] bits, int[] group_size, int[] act_bits, Tensor cos, Tensor sin, "
+        "Tensor(c!) k_pools, Tensor(d!) v_pools, Tensor cells, Tensor block_table, "
+        "Tensor context_lens, int block_size, int num_heads, int num_kv_heads, "
+        "int intermediate, float eps, float scale, int[] windows=[]) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
@@ -51,6 +57,7 @@ TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
   m.impl("pack_small_gemm", &nanoserve::pack_small_gemm);
   m.impl("small_gemm", &nanoserve::small_gemm);
   m.impl("decode_layers", &nanoserve::decode_layers);
+  m.impl("decode_layers_quant", &nanoserve::decode_layers_quant);
   m.impl("pack_quant_weight", &nanoserve::pack_quant_weight);
   m.impl("quant_gemm", &nanoserve::quant_gemm);
   m.impl("dequantize_into", &nanoserve::dequantize_into);
