@@ -17,6 +17,7 @@ from quant_checkpoints import write_quantized_checkpoint
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.cpu import fused, quant_gemm
+from nanoserve.layers import linear_quant
 
 pytestmark = pytest.mark.skipif(quant_gemm.unavailable(4, torch.float32) is not None,
                                 reason="the C++ quantized kernels are not built here")
@@ -59,6 +60,7 @@ def kernel_rows(monkeypatch):
     (8 unless a test sets it)."""
     rows = {"n": 8}
     monkeypatch.setattr(quant_gemm, "choose", lambda N, K, bits, gs, dtype: rows["n"])
+    monkeypatch.setattr(linear_quant, "choose_int8", lambda N, K, dtype: rows["n"])  # W8A8
     return rows
 
 
