@@ -17,7 +17,9 @@
 // bf16 dot products, the integers being exact in bf16), "avx2" (AVX2 + FMA, compiled with a
 // target attribute so a build for an AVX-512 CPU carries both and the tests run both), or
 // "auto": the widest built. Scales come as (N, G) float32/bf16, transposed per block on every
-// call, or as pack_scales' (N/32, G, 32) float32 copies made once at load (faster).
+// call, or as pack_scales' (N/32, G, 32) copies made once at load (faster). A call allocates
+// nothing (the rows' scratch is per thread and reused) and asks for the head of the weight and
+// scale streams before it copies the rows, since the kernels prefetch only what lies ahead.
 #include "ops.h"
 #include "vec.h"
 
