@@ -113,13 +113,6 @@ inline void fold_out(const Args& a, int64_t g, __m512 (&acc)[S][M][2], __m512 (&
     }
 }
 
-// the scales' stream runs an eighth as fast as the weights': 8 KiB of int4 g32 weights ahead
-inline void prefetch_scales(const Args& a, int64_t g) {
-  const void* p = a.scale16 ? static_cast<const void*>(a.scale16 + (g + 16) * kBlockN)
-                            : static_cast<const void*>(a.scale + (g + 16) * kBlockN);
-  _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
-}
-
 template <int M>
 inline void add_out(const Args& a, __m512 (&out)[M][2]) {
   NANOSERVE_UNROLL_Q for (int m = 0; m < M; ++m)
@@ -157,7 +150,6 @@ void int4_f32(const Args& a) {
         }
       }
     }
-    prefetch_scales(a, g);
     fold_out<M, S, R>(a, g, acc, out);
   }
   if constexpr (R) add_out<M>(a, out);
@@ -222,7 +214,6 @@ void int4_bf16(const Args& a) {
       NANOSERVE_UNROLL_Q for (int u = 0; u < U; ++u)
         int4_chunk<M, S>(wg + (c + u) * 128, xg + (c + u) * 4 * kRowsT, table, 4 * u, acc);
     for (; c < chunks; ++c) int4_chunk<M, S>(wg + c * 128, xg + c * 4 * kRowsT, table, 0, acc);
-    prefetch_scales(a, g);
     fold_out<M, S, R>(a, g, acc, out);
   }
   if constexpr (R) add_out<M>(a, out);
@@ -276,7 +267,6 @@ void int8_bf16(const Args& a) {
     for (; pp + S <= p1; pp += S)
       NANOSERVE_UNROLL_Q for (int s = 0; s < S; ++s) int8_pair<M, S>(a, pp + s, s, acc);
     for (; pp < p1; ++pp) int8_pair<M, S>(a, pp, 0, acc);
-    prefetch_scales(a, g);
     fold_out<M, S, R>(a, g, acc, out);
   }
   if constexpr (R) add_out<M>(a, out);
@@ -314,7 +304,6 @@ void int8_f32(const Args& a) {
         step(acc[s], k + s);
       }
     for (; k < k1; ++k) step(acc[0], k);
-    prefetch_scales(a, g);
     fold_out<M, S, R>(a, g, acc, out);
   }
   if constexpr (R) add_out<M>(a, out);
