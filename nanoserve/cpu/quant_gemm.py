@@ -14,24 +14,33 @@ kept: for 1536 x 576 to bf16 it took 187 us (int4) and 484 us (int8, a strided g
 ``QuantizedWeight.dequantize`` from the unpacked integers took 198 and 169 us.
 
 Measured on a 2-core AMD EPYC (Zen 5, family 26: AVX-512 with VNNI and BF16, no AMX), one
-thread, bf16 rows, group 32, SmolLM2-135M shapes, ``python -m nanoserve.cpu.quant_gemm
+thread, bf16 rows, group 32, the fused SmolLM2-135M shapes, ``python -m nanoserve.cpu.quant_gemm
 --cold-mb 256`` (copies cycled so the weights come from memory, as in a model's decode step;
-us per call, the bf16 small-M kernel first, scales bf16 from ``pack_scales``; the byte ceiling
-against bf16 is 3.56x for int4 and 1.88x for int8; a shared machine, so a few percent of noise):
+us per call through this module's Python wrappers, the bf16 small-M kernel first, scales bf16
+from ``pack_scales``; the byte ceiling against bf16 is 3.56x for int4 and 1.88x for int8;
+medians of 4 runs interleaved with the previous kernels on a machine shared with other jobs,
+load average about 3, so about 10% of noise):
 
     N x K         M=1: bf16 / int8 / int4              M=8: bf16 / int8 / int4
-    1536 x 576    54.8 / 36.2 (1.51x) / 20.5 (2.67x)   59.2 / 48.4 (1.22x) / 39.4 (1.50x)
-    576 x 1536    60.4 / 37.4 (1.62x) / 19.0 (3.17x)   56.0 / 49.5 (1.13x) / 40.3 (1.39x)
-    576 x 576     22.3 / 14.1 (1.58x) /  9.5 (2.34x)   26.0 / 21.7 (1.20x) / 18.6 (1.40x)
-    49152 x 576   1498 / 741  (2.02x) / 358  (4.19x)   1655 / 1318 (1.26x) / 1163 (1.42x)
+    960 x 576     33.8 / 19.8 (1.70x) / 12.6 (2.67x)   37.5 / 30.9 (1.21x) / 25.4 (1.47x)
+    576 x 576     20.5 / 13.2 (1.55x) /  8.7 (2.38x)   22.0 / 20.6 (1.07x) / 16.9 (1.30x)
+    3072 x 576    96.9 / 50.4 (1.92x) / 27.8 (3.49x)   107  / 88.5 (1.21x) / 71.0 (1.51x)
+    576 x 1536    52.5 / 28.5 (1.84x) / 16.9 (3.11x)   54.1 / 48.1 (1.12x) / 38.1 (1.42x)
+    49152 x 576   1455 / 739  (1.97x) / 362  (4.02x)   1392 / 1244 (1.12x) / 1031 (1.35x)
 
-(the int4 LM head, 16 MB, partly fits the 32 MB L3 across calls: hence past the ceiling).
-The small shapes pay a fixed 2-3 us a call (576 x 576 int4 is 0.19 MB), and at 8 rows the
-kernels are bound by multiply-adds, not bytes. ``choose`` found the kernel faster than
-dequantize-then-``F.linear`` up to 256 rows on every shape above (1.04-1.17x at 256, 0.91-0.99x
-at 512), and at every batch for the LM head. W8A8 at prefill sizes against bf16 ``F.linear``
-(oneDNN), one thread: 1.19-1.29x at 64 rows, 0.80-1.10x at 512 (torch._int_mm with PyTorch's
-quantization: 0.78-1.29x and 0.81-1.44x).
+(the previous kernels, 8 dot-product chains at one row: int4 at M=1 2.51x, 1.99x, 3.08x, 2.94x,
+3.77x). In checkpoint bytes per second at one row int4 streams 0.67-0.98x as fast as the bf16
+kernel on the four layer shapes (0.75-1.03x called as the op, without the Python wrapper's 1.5
+us); the int4 LM head, 16 MB, partly fits the 32 MB L3 across calls: hence past the ceiling.
+The small shapes pay a fixed 2-3 us a call (576 x 576 int4 is 0.19 MB): a 32 x 32 call took
+1.7 us as the op (small_gemm's 0.95: most of it the dispatcher unboxing nine arguments) and 1.5
+us more through ``gemm``, neither paid by a caller in C++. At 8 rows the
+kernels are bound by dot products, not bytes (as many per weight as the bf16 kernel's, plus the
+widening: ``csrc/quant_gemm_avx512.h`` has the counts). ``choose`` found the kernel faster than
+dequantize-then-``F.linear`` up to 256 rows on every (unfused) SmolLM2 shape (1.04-1.17x at
+256, 0.91-0.99x at 512), and at every batch for the LM head. W8A8 at prefill sizes against
+bf16 ``F.linear`` (oneDNN), one thread: 1.19-1.29x at 64 rows, 0.80-1.10x at 512
+(torch._int_mm with PyTorch's quantization: 0.78-1.29x and 0.81-1.44x).
 
     packed = pack(q, bits=4)                                     # q (N, K) int8, at load
     scale_p, zero_p = pack_scales(scale, zero)                   # at load too (optional)
@@ -205,7 +214,8 @@ def choose(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype) -> in
     return int(cached("quant_gemm.json", key, verdict, cache_dir() / "quant_gemm.json")["rows"])
 
 
-SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576))  # SmolLM2-135M (N, K)
+# SmolLM2-135M (N, K): fused qkv, o_proj, fused gate_up, down, the LM head
+SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576))
 
 
 def _timed(fn, *args, reps: int = 30) -> float:
@@ -240,7 +250,7 @@ def _cycle(fn, args_per_copy: list[tuple], reps: int) -> float:
 
 def bench_decode(rows: tuple[int, ...], isa: str, cold_mb: int = 0) -> None:
     """us per call and GB/s of the int8 and int4 g32 kernels (bf16 rows, bf16 scales as
-    pack_scales' float32 copies; GB/s counts the checkpoint's bytes: bits/8 per weight and a
+    pack_scales' bf16 copies; GB/s counts the checkpoint's bytes: bits/8 per weight and a
     bf16 scale per group) against the bf16 small-M kernel on the same shapes. ``cold_mb``: cycle
     through enough copies of each weight that the bf16 ones fill that many MB (more than the
     last-level cache: the weights stream from memory, as a model's do in a decode step)."""

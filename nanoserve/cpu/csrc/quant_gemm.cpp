@@ -17,7 +17,9 @@
 // bf16 dot products, the integers being exact in bf16), "avx2" (AVX2 + FMA, compiled with a
 // target attribute so a build for an AVX-512 CPU carries both and the tests run both), or
 // "auto": the widest built. Scales come as (N, G) float32/bf16, transposed per block on every
-// call, or as pack_scales' (N/32, G, 32) float32 copies made once at load (faster).
+// call, or as pack_scales' (N/32, G, 32) copies made once at load (faster). A call allocates
+// nothing (the rows' scratch is per thread and reused) and asks for the head of the weight and
+// scale streams before it copies the rows, since the kernels prefetch only what lies ahead.
 #include "ops.h"
 #include "vec.h"
 
@@ -173,32 +175,55 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
     std::copy(bits == 8 ? k8 : k4, (bits == 8 ? k8 : k4) + kTileRows, kernels);
   }
   // the rows transposed per tile of 8 (quant_gemm_avx512.h): float32 (T, K, 8) for the float
-  // path, bf16 k-pairs (T, K/2, 8) for the dot products; and the group sums (M, G) for zeros
+  // path, bf16 k-pairs (T, K/2, 8) for the dot products; and the group sums (M, G) for zeros.
+  // Scratch kept per thread and grown, never shrunk: no allocation per call (slots of a tile
+  // past its last row are left stale; no kernel reads them).
   const int64_t T = (M + kMaxRows - 1) / kMaxRows;
-  std::vector<float> xt(bf16_dp ? 0 : T * K * kMaxRows, 0.f);
-  std::vector<int32_t> xbt(bf16_dp ? T * (K / 2) * kMaxRows : 0, 0);
-  std::vector<float> sx(zero.has_value() ? M * G : 0, 0.f);
+  const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
+  const int64_t block_bytes = packed.numel() / Nb * packed.element_size();
+  // the kernels prefetch kPrefetch bytes ahead of what they read, never what they read first:
+  // ask for the stream's head (and the scales') now, so memory works while the rows are copied
+  for (int64_t i = 0; i < std::min<int64_t>(qavx512::kPrefetch, Nb * block_bytes); i += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(wp + i), _MM_HINT_T0);
+  const char* sp = static_cast<const char*>(scale.data_ptr());
+  for (int64_t i = 0; i < std::min<int64_t>(1024, scale.nbytes()); i += 64)
+    _mm_prefetch(sp + i, _MM_HINT_T0);
+  thread_local std::vector<float> xt_buf, sx_buf;
+  thread_local std::vector<int32_t> xbt_buf;
+  auto grow = [](auto& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+    return v.data();
+  };
+  float* xt = bf16_dp ? nullptr : grow(xt_buf, T * K * kMaxRows);
+  int32_t* xbt = bf16_dp ? grow(xbt_buf, T * (K / 2) * kMaxRows) : nullptr;
+  float* sx = zero.has_value() ? grow(sx_buf, M * G) : nullptr;
   for (int64_t m = 0; m < M; ++m) {
     const int64_t t = m / kMaxRows, r = m % kMaxRows;
     if (f32) {
       const float* row = x.data_ptr<float>() + m * x.stride(0);
-      for (int64_t k = 0; k < K; ++k) {
-        if (!bf16_dp) xt[(t * K + k) * kMaxRows + r] = row[k];
-        if (!sx.empty()) sx[m * G + k / group_size] += row[k];
-      }
+      if (xt)
+        for (int64_t k = 0; k < K; ++k) xt[(t * K + k) * kMaxRows + r] = row[k];
+      if (sx)
+        for (int64_t g = 0; g < G; ++g) {
+          float v = 0.f;
+          for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) v += row[k];
+          sx[m * G + g] = v;
+        }
     } else {
       const c10::BFloat16* row = x.data_ptr<c10::BFloat16>() + m * x.stride(0);
-      for (int64_t k = 0; k < K; ++k) {
-        if (!bf16_dp) xt[(t * K + k) * kMaxRows + r] = float(row[k]);
-        if (!sx.empty()) sx[m * G + k / group_size] += float(row[k]);
-      }
-      if (bf16_dp)
+      if (xt)
+        for (int64_t k = 0; k < K; ++k) xt[(t * K + k) * kMaxRows + r] = float(row[k]);
+      if (sx)
+        for (int64_t g = 0; g < G; ++g) {
+          float v = 0.f;
+          for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) v += float(row[k]);
+          sx[m * G + g] = v;
+        }
+      if (xbt)
         for (int64_t kk = 0; kk < K / 2; ++kk)
           std::memcpy(&xbt[(t * (K / 2) + kk) * kMaxRows + r], row + 2 * kk, 4);
     }
   }
-  const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
-  const int64_t block_bytes = packed.numel() / Nb * packed.element_size();
   float* of = f32 ? out.data_ptr<float>() : nullptr;
   c10::BFloat16* ob = f32 ? nullptr : out.data_ptr<c10::BFloat16>();
   const float* bf = f32 && bias.has_value() ? bias->data_ptr<float>() : nullptr;
@@ -215,17 +240,22 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
         for (int64_t t0 = 0; t0 < rows; t0 += tile) {
           const int64_t r = std::min<int64_t>(tile, rows - t0), m = m0 + t0;
           const int64_t t = m0 / kMaxRows;
-          qavx512::Args a{bf16_dp ? nullptr : xt.data() + t * K * kMaxRows + t0,
-                          bf16_dp ? xbt.data() + t * (K / 2) * kMaxRows + t0 : nullptr,
+          qavx512::Args a{xt ? xt + t * K * kMaxRows + t0 : nullptr,
+                          xbt ? xbt + t * (K / 2) * kMaxRows + t0 : nullptr,
                           wp + nb * block_bytes, group_size, G, params.scale(nb),
-                          params.scale16(nb), params.zero(nb),
-                          sx.empty() ? nullptr : sx.data() + m * G,
+                          params.scale16(nb), params.zero(nb), sx ? sx + m * G : nullptr,
                           acc + t0 * kBlockN};
           kernels[r - 1](a);
         }
         for (int64_t i = 0; i < rows; ++i) {
           const float* a = acc + i * kBlockN;
           const int64_t o = (m0 + i) * N + n0;
+#if defined(NANOSERVE_QUANT_BF16_DP)
+          if (!f32 && width == kBlockN) {  // 32 outputs rounded by one instruction (RNE)
+            qavx512::store_bf16(a, bb ? bb + n0 : nullptr, ob + o);
+            continue;
+          }
+#endif
           if (f32)
             for (int64_t j = 0; j < width; ++j) of[o + j] = a[j] + (bf ? bf[n0 + j] : 0.f);
           else
