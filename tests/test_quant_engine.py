@@ -13,11 +13,6 @@ way; the kernels' own arithmetic is their own tests'. Every drain gives every KV
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 from dataclasses import replace
 
 import openai
@@ -297,43 +292,21 @@ def test_corrupt_checkpoints_are_refused_by_tensor_and_shape(quantized, tmp_path
 # ------------------------------------------------------------- the server
 
 def test_nanoserve_serve_answers_the_openai_client(quantized):
-    from nanoserve.bench.local_server import free_port, wait_healthy
+    from nanoserve.bench.local_server import local_server
 
     folder = quantized("llama", "w4a16-g32-sym")[0]
     write_tokenizer(folder)
     want = LLM(str(folder), dtype="float32").generate(["Hi there"], GREEDY)[0].token_ids
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "nanoserve.cli", "serve", "--model", str(folder), "--host",
-           "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-num-seqs", "2",
-           "--max-model-len", "128"]
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=os.environ | {"PYTHONUNBUFFERED": "1"})
-
-        def read() -> str:
-            log.flush()
-            log.seek(0)
-            return log.read()
-
-        try:
-            wait_healthy(proc, url, 120, lambda: read()[-2000:], "nanoserve serve", 0.25)
-            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
-                                   timeout=60)
-            out = client.completions.create(model=folder.name, prompt="Hi there",
-                                            max_tokens=10, temperature=0,
-                                            extra_body={"ignore_eos": True,
-                                                        "return_token_ids": True})
-            assert out.usage.completion_tokens == 10
-            assert out.choices[0].token_ids == want
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                code = proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait(timeout=15)
-        text = read()
-    assert code == 0, text[-2000:]
+    with local_server(folder, dtype="float32", max_num_seqs=2, timeout_s=120,
+                      extra_args=("--max-model-len", "128")) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
+                               timeout=60)
+        out = client.completions.create(model=folder.name, prompt="Hi there", max_tokens=10,
+                                        temperature=0, extra_body={"ignore_eos": True,
+                                                                   "return_token_ids": True})
+        assert out.usage.completion_tokens == 10
+        assert out.choices[0].token_ids == want
+        text = server.log()
+    assert server.process.returncode == 0, text[-2000:]
     assert "quantization: compressed-tensors w4a16, group 32, symmetric; 14 linears " \
            "quantized, lm_head dense" in text

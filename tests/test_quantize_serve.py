@@ -8,17 +8,14 @@ the same folder (greedy, float32), so the server serves the quantized weights it
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import openai
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.bench.local_server import free_port, wait_healthy
+from nanoserve.bench.local_server import local_server
 
 SHIPPED = Path(__file__).resolve().parents[1] / "nanoserve" / "checkpoints" / "nanoserve-tiny"
 MESSAGES = [{"role": "user", "content": "What does the with statement do?"}]
@@ -35,36 +32,14 @@ def test_quantize_then_serve_answers_the_openai_client(tmp_path):
     prompt = llm.core.loaded.tokenizer.apply_chat_template(MESSAGES, tokenize=True)
     want = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12,
                                                  ignore_eos=True))[0].text
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "nanoserve.cli", "serve", "--model", str(out), "--host",
-           "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-num-seqs", "2",
-           "--max-model-len", "256"]
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=os.environ | {"PYTHONUNBUFFERED": "1"})
-
-        def read() -> str:
-            log.flush()
-            log.seek(0)
-            return log.read()
-
-        try:
-            wait_healthy(proc, url, 120, lambda: read()[-2000:], "nanoserve serve", 0.25)
-            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
-                                   timeout=60)
-            reply = client.chat.completions.create(model=out.name, messages=MESSAGES,
-                                                   max_tokens=12, temperature=0,
-                                                   extra_body={"ignore_eos": True})
-            assert reply.usage.completion_tokens == 12
-            assert reply.choices[0].message.content == want
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                code = proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait(timeout=15)
-        text = read()
-    assert code == 0, text[-2000:]
+    with local_server(out, dtype="float32", max_num_seqs=2, timeout_s=120,
+                      extra_args=("--max-model-len", "256")) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
+                               timeout=60)
+        reply = client.chat.completions.create(model=out.name, messages=MESSAGES, max_tokens=12,
+                                               temperature=0, extra_body={"ignore_eos": True})
+        assert reply.usage.completion_tokens == 12
+        assert reply.choices[0].message.content == want
+        text = server.log()
+    assert server.process.returncode == 0, text[-2000:]
     assert "quantization: compressed-tensors w4a16, group 32, symmetric" in text

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -32,6 +33,8 @@ def free_port() -> int:
 class LocalServer:
     url: str  # base URL, e.g. http://127.0.0.1:40123
     pid: int | None  # the server's process (None for a server we did not start)
+    process: subprocess.Popen | None = None  # its returncode is set once local_server stops it
+    log: Callable[[], str] | None = None  # the server's output so far (inside the with block)
 
 
 def _engine_parser() -> argparse.ArgumentParser:
@@ -108,8 +111,10 @@ def local_server(model, dtype: str | None = None, device: str | None = None,
     pid) once healthy. ``dtype``, ``device`` and ``max_num_seqs`` become their engine flags;
     ``extra_args`` are more ``nanoserve serve`` flags.
 
-    The server's output goes to a temporary log, shown if it dies or never turns healthy. On exit
-    it gets SIGTERM, then SIGKILL if it has not stopped within 15 s.
+    The server's output goes to a temporary log, shown if it dies or never turns healthy and
+    readable through ``LocalServer.log`` while the block runs. On exit it gets SIGTERM, then
+    SIGKILL if it has not stopped within 15 s; ``LocalServer.process.returncode`` then says how
+    it ended.
     """
 
     port = free_port()
@@ -124,14 +129,15 @@ def local_server(model, dtype: str | None = None, device: str | None = None,
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 env=os.environ | {"PYTHONUNBUFFERED": "1"})
 
-        def tail() -> str:
+        def read() -> str:
             log.flush()
             log.seek(0)
-            return log.read()[-2000:]
+            return log.read()
 
         try:
-            wait_healthy(proc, base_url, timeout_s, tail, "the server", poll_s=0.25)
-            yield LocalServer(base_url, proc.pid)
+            wait_healthy(proc, base_url, timeout_s, lambda: read()[-2000:], "the server",
+                         poll_s=0.25)
+            yield LocalServer(base_url, proc.pid, proc, read)
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

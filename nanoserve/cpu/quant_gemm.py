@@ -60,10 +60,10 @@ import torch.nn.functional as F
 
 from nanoserve.cpu import csrc
 from nanoserve.cpu.measured import best_interleaved, cache_dir, cached, machine_key
+from nanoserve.cpu.small_gemm import ALL_ROWS  # the verdict "every batch", as small_gemm's
 
 ISAS = ("auto", "avx512", "avx2")
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # batches choose() times, up to a long prompt
-ALL_ROWS = 1 << 30  # the verdict "every batch": the kernel won at 512 rows too
 REPS = 7
 BUDGET_S = 0.5  # per timed batch size
 
@@ -194,6 +194,17 @@ def measure(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype,
     return ratios
 
 
+def rows_won(ratios: dict[int, float]) -> int:
+    """The largest row count, in increasing order, up to which every ratio (other path's time
+    over the kernel's) is at least 1; ``ALL_ROWS`` when the kernel won at the largest."""
+    best, rows = 0, sorted(ratios)
+    for m in rows:
+        if ratios[m] < 1.0:
+            break
+        best = ALL_ROWS if m == rows[-1] else m
+    return best
+
+
 def choose(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype) -> int:
     """The largest batch the kernel takes (0: none; ``ALL_ROWS``: every batch): the largest
     timed row count at which it beats dequantize-into-a-buffer then ``F.linear``, stopping at
@@ -204,13 +215,9 @@ def choose(N: int, K: int, bits: int, group_size: int, dtype: torch.dtype) -> in
            f"|rows {','.join(map(str, ROWS))}|ops {csrc.build_key()}")
 
     def verdict() -> dict:
-        ratios, best = measure(N, K, bits, group_size, dtype), 0
-        for m in ROWS:
-            if ratios[m] < 1.0:
-                break
-            best = ALL_ROWS if m == ROWS[-1] else m
-        return {"rows": best, "linear_over_kernel": {str(m): round(r, 3)
-                                                     for m, r in ratios.items()}}
+        ratios = measure(N, K, bits, group_size, dtype)
+        return {"rows": rows_won(ratios), "linear_over_kernel": {str(m): round(r, 3)
+                                                                 for m, r in ratios.items()}}
     return int(cached("quant_gemm.json", key, verdict, cache_dir() / "quant_gemm.json")["rows"])
 
 

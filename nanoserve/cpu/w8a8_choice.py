@@ -25,7 +25,6 @@ import torch.nn.functional as F
 
 from nanoserve.cpu import csrc, quant_gemm
 from nanoserve.cpu.measured import best_interleaved, cache_dir, cached, machine_key
-from nanoserve.cpu.small_gemm import ALL_ROWS
 
 
 def measure_int8(N: int, K: int, dtype: torch.dtype, rows: tuple[int, ...]) -> dict[int, float]:
@@ -69,11 +68,7 @@ def choose_int8(N: int, K: int, dtype: torch.dtype) -> int:
            f"|rows {','.join(map(str, rows))}|ops {csrc.build_key()}")
 
     def verdict() -> dict:
-        ratios, best = measure_int8(N, K, dtype, rows), 0
-        for m in rows:
-            if ratios[m] < 1.0:
-                break
-            best = ALL_ROWS if m == rows[-1] else m
-        return {"rows": best, "fallback_over_kernel": {str(m): round(r, 3)
-                                                       for m, r in ratios.items()}}
+        ratios = measure_int8(N, K, dtype, rows)
+        return {"rows": quant_gemm.rows_won(ratios),
+                "fallback_over_kernel": {str(m): round(r, 3) for m, r in ratios.items()}}
     return int(cached("quant_gemm.json", key, verdict, cache_dir() / "quant_gemm.json")["rows"])

@@ -24,7 +24,13 @@ from __future__ import annotations
 
 import torch
 
-from nanoserve.quantization.gptq_format import group_size_of, quantized_layers, setting, take
+from nanoserve.quantization.gptq_format import (
+    group_size_of,
+    groups,
+    quantized_layers,
+    setting,
+    take,
+)
 from nanoserve.quantization.packing import unpack_int32
 from nanoserve.quantization.weight import QuantizedWeight
 
@@ -79,11 +85,7 @@ def read_layer(layer: str, qweight: torch.Tensor, qzeros: torch.Tensor, scales: 
                group_size: int) -> QuantizedWeight:
     """One AWQ GEMM layer's tensors -> its checked ``QuantizedWeight``."""
     K, N = qweight.shape[0], qweight.shape[1] * 8
-    gs = K if group_size == -1 else group_size
-    if K % gs:
-        raise ValueError(f"{layer}.qweight {tuple(qweight.shape)} holds {K} inputs, which "
-                         f"group_size {gs} does not divide")
-    G = K // gs
+    gs, G = groups(layer, qweight, K, group_size)
     if tuple(scales.shape) != (G, N):
         raise ValueError(f"{layer}.scales has shape {tuple(scales.shape)}; qweight "
                          f"{tuple(qweight.shape)} ({K} inputs in groups of {gs}, {N} outputs "

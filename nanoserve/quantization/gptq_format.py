@@ -134,17 +134,23 @@ def read(hf: dict[str, torch.Tensor], quantization_config: dict) -> dict:
     return out
 
 
+def groups(layer: str, qweight: torch.Tensor, K: int, group_size: int) -> tuple[int, int]:
+    """(inputs per group, groups) for a layer of ``K`` inputs; -1 is one group of all of them,
+    and a size that does not divide K is refused naming ``<layer>.qweight``."""
+    gs = K if group_size == -1 else group_size
+    if K % gs:
+        raise ValueError(f"{layer}.qweight {tuple(qweight.shape)} holds {K} inputs, which "
+                         f"group_size {gs} does not divide")
+    return gs, K // gs
+
+
 def read_layer(layer: str, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                g_idx: torch.Tensor | None, *, bits: int, group_size: int, sym: bool,
                desc_act: bool, v2: bool) -> QuantizedWeight:
     """One GPTQ layer's tensors -> its checked ``QuantizedWeight``."""
     per = 32 // bits
     K, N = qweight.shape[0] * per, qweight.shape[1]
-    gs = K if group_size == -1 else group_size
-    if K % gs:
-        raise ValueError(f"{layer}.qweight {tuple(qweight.shape)} holds {K} inputs, which "
-                         f"group_size {gs} does not divide")
-    G = K // gs
+    gs, G = groups(layer, qweight, K, group_size)
     if tuple(scales.shape) != (G, N):
         raise ValueError(f"{layer}.scales has shape {tuple(scales.shape)}; qweight "
                          f"{tuple(qweight.shape)} ({N} outputs, {K} inputs in groups of {gs}) "
