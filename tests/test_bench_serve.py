@@ -92,6 +92,7 @@ class FakeServer:
                 self.wfile.flush()
 
             def do_POST(self):
+                done = False
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with fake.lock:
                     fake.posts += 1
@@ -123,15 +124,24 @@ class FakeServer:
                         self._chunk({"choices": [], "usage": {
                             "prompt_tokens": len(body["prompt"]), "completion_tokens": n,
                             "total_tokens": len(body["prompt"]) + n}})
+                    # out of flight before [DONE]: once the client reads it, it may send the
+                    # next request, which this thread must not still be counted beside
+                    done = fake.leave()
                     self._chunk(b"[DONE]")
                     self.wfile.write(b"0\r\n\r\n")
                 finally:
-                    with fake.lock:
-                        fake.in_flight -= 1
+                    if not done:
+                        fake.leave()
 
         self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def leave(self) -> bool:
+        """One request is no longer in flight; True, for the handler's ``done`` flag."""
+        with self.lock:
+            self.in_flight -= 1
+        return True
 
     def __enter__(self):
         self.thread.start()
