@@ -38,6 +38,7 @@ from nanoserve.model.prepare import prepare_model
 from nanoserve.model.registry import model_class
 from nanoserve.model.weights import choose_dtype, load_model
 from nanoserve.sampling.params import SamplingParams
+from nanoserve.spec_decode.proposer import proposer_class
 from nanoserve.tokenizer import Tokenizer
 
 log = logging.getLogger("nanoserve")
@@ -163,8 +164,13 @@ def load_core(cfg: EngineConfig) -> EngineCore:
     defaults = generation_defaults(cfg)  # a bad file is refused before any weight is read
     loaded = load_engine(cfg)
     loaded.generation_defaults = defaults
+    proposer = None
+    if cfg.speculative_config is not None:  # Day 76: who proposes, built beside the target
+        spec = cfg.speculative_config
+        proposer = proposer_class(spec.method).create(spec, loaded)
+        log.info("speculative decoding: %s", proposer.describe())
     core = EngineCore(loaded.engine, cfg, loaded.tokenizer, loaded.eos_token_ids,
-                      loaded.max_model_len, loaded.model_config.vocab_size)
+                      loaded.max_model_len, loaded.model_config.vocab_size, proposer)
     core.loaded = loaded
     return core
 

@@ -102,6 +102,17 @@ class BatchedPagedKVCache:
         self.lengths[row] = n
         self.backend.forget_row(row)
 
+    def truncate_row(self, row: int, n: int) -> None:
+        """Row ``row`` keeps its first ``n`` tokens' K/V (speculative decoding, Day 76: the
+        rejected proposals' cells were written and are forgotten). Its blocks stay: the next
+        verify step writes the same positions again. Never grows a row."""
+        if self._step is not None or not 0 <= n <= self.lengths[row]:
+            raise ValueError(f"row {row} holds {self.lengths[row]} tokens; it cannot be cut "
+                             f"to {n}{' during a step' if self._step is not None else ''}")
+        if n < self.lengths[row]:
+            self.lengths[row] = n
+            self.backend.forget_row(row)  # a mapping kept for the longer row is stale
+
     def drop_blocks(self, row: int, indices: list[int], null: int) -> None:
         """Blocks ``indices`` of row ``row`` left every layer's sliding window and went back to
         the pool (Day 70): their table entries and their positions' cells now name block

@@ -29,6 +29,7 @@ from pathlib import Path
 from nanoserve.config.cpus import check_spec
 from nanoserve.config.generation import GENERATION_SOURCES
 from nanoserve.config.registries import ATTENTION_CHOICES, BATCHING_POLICIES
+from nanoserve.config.speculative import SpeculativeConfig
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "checkpoints" / "nanoserve-tiny"
 
@@ -63,13 +64,10 @@ def budget_problem(max_num_batched_tokens: int | None, max_num_seqs: int) -> str
 
 def _tristate(text: str) -> bool | str:
     """``auto``, ``true``/``on`` or ``false``/``off``, as ``prepack`` takes them."""
-    low = text.strip().lower()
-    if low in ("true", "on", "1", "yes"):
-        return True
-    if low in ("false", "off", "0", "no"):
-        return False
-    if low == "auto":
-        return "auto"
+    words = {"auto": "auto", **dict.fromkeys(("true", "on", "1", "yes"), True),
+             **dict.fromkeys(("false", "off", "0", "no"), False)}
+    if (low := text.strip().lower()) in words:
+        return words[low]
     raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}")
 
 
@@ -167,6 +165,10 @@ class EngineConfig:
     distributed_timeout_s: float = option(60.0, "the longest rank 0 waits on a worker rank in "
                                           "one collective before the engine fails",
                                           cli={"type": float})
+    # Speculative decoding (Days 76-78): proposals verified k at a time, lossless.
+    speculative_config: SpeculativeConfig | None = option(
+        None, "vLLM's JSON: {\"method\": \"ngram\" or \"draft_model\", "
+        "\"num_speculative_tokens\": k, ...} (default: off)", vllm="speculative_config")
     # Fault injection, for the tests of what a failed forward costs.
     fail_on_step: tuple[int, ...] = option((), "make the forward raise at these engine steps "
                                            "(fault injection)",
@@ -176,6 +178,11 @@ class EngineConfig:
         set_ = object.__setattr__  # frozen: normal forms only, never a repaired value
         set_(self, "model", DEFAULT_MODEL if self.model is None else Path(self.model))
         set_(self, "fail_on_step", tuple(self.fail_on_step))
+        if self.speculative_config is not None:
+            try:
+                set_(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+            except ValueError as e:
+                raise ConfigError("speculative_config", str(e)) from None
         self.validate()
 
     # ------------------------------------------------------------------ checks
@@ -256,14 +263,17 @@ class EngineConfig:
                                                 "under batching='static': a wave books each "
                                                 "request's worst case (reserve) and is never "
                                                 "preempted")
-            if self.max_num_batched_tokens is not None:
-                raise ConfigError("max_num_batched_tokens", "max_num_batched_tokens cannot be "
-                                  "honoured under batching='static': a wave prefills its "
-                                  "prompts whole, in one step")
+            for name, why in (("max_num_batched_tokens", "a wave prefills its prompts whole, "
+                                                         "in one step"),
+                              ("speculative_config", "a wave's rows take one token a step")):
+                if getattr(self, name) is not None:
+                    raise ConfigError(name, f"{name} cannot be honoured under "
+                                            f"batching='static': {why}")
         if not self.enable_kv_cache:
             for name, on in (("enable_prefix_caching", self.enable_prefix_caching),
                              ("cuda_graphs", self.cuda_graphs), ("compile", self.compile),
-                             ("batching", self.batching == "static")):  # held rows write K/V
+                             ("batching", self.batching == "static"),  # held rows write K/V
+                             ("speculative_config", self.speculative_config)):
                 if on:
                     raise ConfigError(name, f"{name}={getattr(self, name)!r} needs the KV "
                                             f"cache; with enable_kv_cache=False every step "

@@ -68,6 +68,7 @@ from nanoserve.validation import InvalidRequest, check_prompt_ids
 
 if TYPE_CHECKING:
     from nanoserve.config import EngineConfig
+    from nanoserve.spec_decode.proposer import Proposer
 
 
 @dataclass(slots=True)
@@ -85,7 +86,8 @@ class EngineCore:
     loaded = None  # what ``nanoserve.loader.load_core`` loaded: model, tokenizer, dtype, ...
 
     def __init__(self, engine: Engine, config: EngineConfig, tokenizer: Tokenizer | None,
-                 eos_token_ids: frozenset[int], max_model_len: int, vocab_size: int):
+                 eos_token_ids: frozenset[int], max_model_len: int, vocab_size: int,
+                 proposer: Proposer | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -107,6 +109,7 @@ class EngineCore:
         self.counters = CoreCounters()
         self._grammars = None  # structured outputs' backend, made on first use
         self._grammars_lock = threading.Lock()
+        self.proposer = proposer  # speculative decoding (Day 76): None, or who proposes
 
     # ------------------------------------------------------------------ requests in
 
@@ -211,7 +214,17 @@ class EngineCore:
             return self._deltas(out.finished) + self._fail(scheduled, e)
         for r in finished:
             r.finish_iteration = self.counters.iterations
+        if self.proposer is not None:
+            self._propose()
         return self._deltas(out.finished + scheduled)
+
+    def _propose(self) -> None:
+        """Speculative decoding (Day 76): every running request whose newest token is sampled
+        and not yet computed gets proposals for the next step to verify."""
+        decoding = [r for r in self.scheduler.running if r.state is RequestState.RUNNING
+                    and r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1]
+        if decoding:
+            self.proposer.propose(decoding)
 
     def _fail(self, requests: list[Request], error: Exception) -> list[RequestDelta]:
         """A forward raised: every request of that step that was still running ends with
@@ -297,7 +310,8 @@ class EngineCore:
             prefix_cache_hits=sched.prefix_cache_hits, prefix_cache_evictions=kv.evictions,
             recomputed_tokens=sched.recomputed_tokens, forward_passes=e.forward_passes,
             row_steps=e.row_steps, tokens_computed=e.tokens_computed,
-            positions_computed=e.positions_computed, kv_cache_usage=kv.usage)
+            positions_computed=e.positions_computed, kv_cache_usage=kv.usage,
+            spec_decode=e.spec_stats.copy() if self.proposer is not None else None)
 
     def keep_window_blocks(self) -> None:
         """Measurement only (``nanoserve.bench.window_pool``): a fresh pool that keeps every

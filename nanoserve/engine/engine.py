@@ -43,7 +43,9 @@ from nanoserve.cuda.graphs import DecodeGraphs, ReplayCounters
 from nanoserve.engine.block_allocator import BlockAllocator
 from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request
+from nanoserve.engine.verify import verify_step
 from nanoserve.sampling.sampler import sample_requests
+from nanoserve.spec_decode.stats import SpecDecodingStats
 
 
 class InjectedFault(RuntimeError):
@@ -96,6 +98,7 @@ class Engine:
             self.graphs = DecodeGraphs(model, self.cache, max_num_seqs,
                                        compile=compile if self.device.type == "cuda" else False)
         self.steps = 0  # calls of step(): one per scheduler iteration that runs the model
+        self.spec_stats = SpecDecodingStats()  # verify steps' proposals and acceptances
         # A test hook, off by default and unreachable from HTTP: step() raises InjectedFault
         # on these step numbers (1-based), so the tests can watch a forward fail mid-service.
         self.fail_on_step = frozenset(fail_on_step)
@@ -132,9 +135,11 @@ class Engine:
         self._count(B, sum(lens), B * T)
         return logits  # (B, V)
 
-    def _forward_packed(self, rows: list[int], token_lists: list[list[int]]) -> torch.Tensor:
+    def _forward_packed(self, rows: list[int], token_lists: list[list[int]],
+                        want: list[int] | None = None) -> torch.Tensor:
         """Packed prefill: the prompts as one (1, N) stream, N = sum of lengths, each with its
-        own positions and cells, each attending to itself only; returns (B, V) logits."""
+        own positions and cells, each attending to itself only; returns (B, V) logits, or with
+        ``want`` the logits of each row's last ``want[b]`` tokens, (sum(want), V)."""
         lens = [len(t) for t in token_lists]
         ids = torch.cat([torch.tensor(toks, dtype=torch.long) for toks in token_lists])[None]
         pos = torch.cat([torch.arange(self.cache.lengths[r], self.cache.lengths[r] + n)
@@ -144,15 +149,24 @@ class Engine:
             h = self.model(ids.to(self.device), pos.to(self.device), self.cache)  # (1, N, E)
         finally:
             self.cache.end_step()
-        last = torch.tensor(lens, device=self.device).cumsum(0) - 1  # (B,) each prompt's end
+        last = torch.tensor(lens).cumsum(0) - 1  # (B,) each prompt's end
+        if want is not None:  # a verify step (Day 76): each row's last want[b] positions
+            last = torch.cat([torch.arange(e - w + 1, e + 1)
+                              for e, w in zip(last.tolist(), want, strict=True)])
         self._count(len(rows), sum(lens), sum(lens))
-        return self.model.compute_logits(h[0, last])
+        return self.model.compute_logits(h[0, last.to(self.device)])
 
     def prefill(self, rows: list[int], token_lists: list[list[int]]) -> torch.Tensor:
         """One forward for a batch of prompts: packed (default) or padded (Day 27)."""
         if self.prefill_policy == "packed":
             return self._forward_packed(rows, token_lists)
         return self._forward(rows, token_lists)
+
+    def score(self, rows: list[int], token_lists: list[list[int]],
+              want: list[int]) -> torch.Tensor:
+        """A verify step's forward (Day 76): packed, whatever the prefill policy; the logits
+        of each row's last ``want[b]`` tokens, (sum(want), V)."""
+        return self._forward_packed(rows, token_lists, want)
 
     def decode(self, rows: list[int], tokens: list[int],
                hold: frozenset[int] = frozenset()) -> torch.Tensor:
@@ -262,6 +276,8 @@ class Engine:
             if self.cache.lengths[c.request.slot] != c.start:
                 self.sync_blocks(c.request)
                 self.cache.adopt_prefix(c.request.slot, c.start)
+        if any(r.spec_token_ids for r in out.decode):  # proposals to verify (Day 76)
+            return verify_step(self, out)
         tokens = [c.request.token_ids[c.start:c.start + c.n] for c in chunks]
         decode_tokens = [[r.output_token_ids[-1]] for r in out.decode]
         if out.mixed and chunks and out.decode:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from nanoserve.spec_decode.stats import SpecDecodingStats
+
 
 @dataclass(slots=True)
 class RequestDelta:
@@ -66,3 +68,4 @@ class CoreSnapshot:
     tokens_computed: int  # real token positions run through the model
     positions_computed: int  # positions the model ran, padding included (padded prefill)
     kv_cache_usage: float  # the KV manager's usage: blocks held / blocks, 0 to 1
+    spec_decode: SpecDecodingStats | None = None  # speculative decoding's counters, when on

@@ -245,9 +245,11 @@ def match_prefix(allocator: CachingBlockAllocator, request, window: int | None =
 
 def commit_blocks(allocator: CachingBlockAllocator, request) -> None:
     """Register the blocks this step fills: every full block below ``num_computed_tokens``
-    that the map does not know yet (one hash each, computed once)."""
+    (and below its tokens: proposals are not committed) that the map does not know yet (one
+    hash each, computed once)."""
     bs, done = allocator.block_size, request.num_cached_blocks
-    full = request.num_computed_tokens // bs
+    # never past its own tokens: a verify step's proposals are computed, not yet verified
+    full = min(request.num_computed_tokens, request.num_tokens) // bs
     if full <= done:
         return
     ids = request.token_ids

@@ -104,6 +104,11 @@ class Request:
         self.arrival = 0  # order of arrival at the scheduler: lower is older
         self.num_preemptions = 0
         self.matcher = None  # structured outputs: the grammar's state after output_token_ids
+        # Speculative decoding (Day 76): the tokens proposed to follow output_token_ids, which
+        # the next step verifies, and the draft's probabilities for them ((k, V); None: an
+        # n-gram proposal, certain). Cut by the scheduler to what the step's budget holds.
+        self.spec_token_ids: list[int] = []
+        self.spec_draft_probs = None
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.state.value}, slot={self.slot}, "

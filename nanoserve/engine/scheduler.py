@@ -22,14 +22,15 @@ because a preemption opens holes halfway through a batch, and before admission b
 hole with a newcomer would still leave the survivor above it out of place.
 
 The same order spends the step's token budget (``max_num_batched_tokens``, Day 41): one token for
-every running decode, then the prompt tokens of running prefills and newcomers, the last cut to
-what is left (``chunked_prefill``) or left waiting whole. A request's ``num_computed_tokens``
-advances when its tokens are scheduled, and it emits nothing until its last chunk. The budget is
-always a number: a bare scheduler's is unbounded (``math.inf``: whole prompts, as before Day 41),
-an engine's comes from its config, and its one rule is ``config.engine.budget_problem``.
+every running decode, then its proposals (Day 76), then the prompt tokens of running prefills
+and newcomers, the last cut to what is left (``chunked_prefill``) or left waiting whole. A
+request's ``num_computed_tokens``
+advances when its tokens are scheduled (a verify step takes back its rejected proposals), and it
+emits nothing until its last chunk. The budget is always a number: unbounded (``math.inf``) for
+a bare scheduler, its config's for an engine's, its one rule ``config.engine.budget_problem``.
 
-Admission needs a *slot* (a row of the batched cache, lowest free first) and *KV blocks*, and
-``blocked_on_slots`` and ``blocked_on_blocks`` count which ran out. The blocks come from the
+Admission needs a *slot* (a row of the batched cache, lowest free first) and *KV blocks*
+(``blocked_on_slots`` and ``blocked_on_blocks`` count which ran out). The blocks come from the
 scheduler's own ``KVCacheManager`` (prefix caching, Day 43, is its policy: the scheduler asks the
 same questions either way), in the amounts ``blocks_needed_for`` says, the only allocation rule:
 ``"incremental"`` (Day 33) buys what the tokens occupy, a block at a time; ``"reserve"`` (Week 8)
@@ -76,8 +77,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         # Day 41: the tokens one step may compute, decodes first; unset, no step is capped
         # (whole prompts, admitted by slots and blocks alone) and nothing is chunked.
-        self.max_num_batched_tokens = (math.inf if max_num_batched_tokens is None
-                                       else max_num_batched_tokens)
+        self.max_num_batched_tokens = max_num_batched_tokens or math.inf
         self.chunked_prefill = chunked_prefill and max_num_batched_tokens is not None
         self.allocation = allocation
         self.on_release = on_release
@@ -138,9 +138,8 @@ class Scheduler:
         self.waiting.append(request)
 
     def abort(self, request: Request, reason: str = "abort") -> None:
-        """Finish a waiting or running request now and return its resources; the next
-        ``schedule()`` reports it among the finished. ``reason`` is its finish_reason ("abort",
-        or "error" when the engine failed its step)."""
+        """Finish a waiting or running request now, its resources back; the next ``schedule()``
+        reports it finished with ``reason`` ("abort", or "error": the engine failed its step)."""
         if request.state is RequestState.WAITING:
             self.waiting.remove(request)
             request.finish(reason)
@@ -158,8 +157,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     @property
-    def num_unreported_aborts(self) -> int:
-        """Requests aborted since the last ``schedule()``, which will report them."""
+    def num_unreported_aborts(self) -> int:  # aborted since the last schedule(), to report
         return len(self._aborted)
 
     # ------------------------------------------------------------------ one iteration
@@ -182,6 +180,7 @@ class Scheduler:
             if r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1:
                 plan[r] = 1
                 left -= 1
+        left -= self._plan_proposals(plan, by_age, left)
         for r in by_age:  # prefills in progress, oldest first
             n = min(r.num_tokens - r.num_computed_tokens, left)
             if r not in plan and n > 0:
@@ -193,8 +192,8 @@ class Scheduler:
             n = plan.get(r)
             if n is None:
                 continue  # planned nothing: the budget ran out before it
-            if n == 1 and r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1:
-                out.decode.append(r)
+            if r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1:
+                out.decode.append(r)  # with its proposals, if any: n == 1 + k
             else:
                 out.chunks.append(Chunk(r, r.num_computed_tokens, n))
         out.mixed = self.chunked_prefill
@@ -203,6 +202,24 @@ class Scheduler:
         out.admitted = [c.request for c in admitted]
         out.chunks += admitted
         return self._commit_decodes(out)
+
+    def _plan_proposals(self, plan: dict[Request, int], by_age: list[Request],
+                        left: float) -> int:
+        """Speculative decoding (Day 76): each decode's proposals, oldest first, cut to what
+        the step's budget has left and to one fewer than the tokens it may still emit (so a
+        verify step never writes past ``max_tokens`` or ``max_model_len``); a request that is
+        not decoding this step drops its proposals. Returns the tokens planned."""
+        spent = 0
+        for r in (r for r in by_age if r.spec_token_ids):
+            k = 0 if r not in plan else max(0, int(min(
+                len(r.spec_token_ids), left - spent, r.max_tokens - len(r.output_token_ids) - 1)))
+            r.spec_token_ids = r.spec_token_ids[:k]
+            if r.spec_draft_probs is not None:
+                r.spec_draft_probs = r.spec_draft_probs[:k] if k else None
+            if k:
+                plan[r] += k
+                spent += k
+        return spent
 
     def _free_out_of_window(self) -> None:
         """Every layer windowed (Day 70): before growth, each running request gives back the
@@ -219,16 +236,15 @@ class Scheduler:
         cell before it is written."""
         for c in out.chunks:
             c.request.num_computed_tokens = c.start + c.n
-        for r in out.decode:
-            r.num_computed_tokens = r.num_tokens  # its last token's K/V lands this step
+        for r in out.decode:  # its last token's K/V lands this step, and its proposals'
+            r.num_computed_tokens = r.num_tokens + len(r.spec_token_ids)
         for r in out.scheduled if out.mixed else [c.request for c in out.chunks]:
             self.kv_cache_manager.commit(r)
 
     def _commit_decodes(self, out: SchedulerOutput) -> SchedulerOutput:
         """Two forwards (no chunking): commit the decodes' blocks after admission."""
-        if not out.mixed:
-            for r in out.decode:
-                self.kv_cache_manager.commit(r)
+        for r in out.decode if not out.mixed else ():
+            self.kv_cache_manager.commit(r)
         return out
 
     def blocks_needed_for(self, request: Request, upto: int | None = None) -> int:
@@ -312,8 +328,8 @@ class Scheduler:
         self.finished_total += 1
 
     def release_finished(self) -> list[Request]:
-        """What ``schedule()`` does first: finished and aborted requests give back their
-        blocks and slots. An engine that stops, and so runs no next step, calls it last."""
+        """What ``schedule()`` does first (finished and aborted requests give back blocks and
+        slots), for an engine that stops and so runs no next step."""
         return self._release_finished()
 
     def _release_finished(self) -> list[Request]:  # a policy may hold the finished longer

@@ -4,10 +4,11 @@ Why this module exists: the scheduler decides and the engine computes, and this 
 what passes between them (vLLM keeps it in ``core/sched/output.py`` for the same reason). A
 request is in ``chunks`` when this step computes prompt tokens for it (a newcomer, a continued
 chunked prefill, or a resumed preemption), in ``decode`` when it computes the one token it
-sampled last; ``sampled`` is who gets a new token, which a chunk short of its prompt's end does
-not. ``mixed`` says the engine runs both kinds in one forward (chunked prefill, Day 41).
-``held`` (static waves, Day 29) are finished members of a wave whose rows are still computed,
-in place, beside ``decode``, and sampled for nobody.
+sampled last (and the proposals in its ``spec_token_ids`` after it, Day 76); ``sampled`` is who
+gets a new token, which a chunk short of its prompt's end does not. ``mixed`` says the engine
+runs both kinds in one forward (chunked prefill, Day 41). ``held`` (static waves, Day 29) are
+finished members of a wave whose rows are still computed, in place, beside ``decode``, and
+sampled for nobody.
 """
 
 from __future__ import annotations
@@ -60,4 +61,5 @@ class SchedulerOutput:
     @property
     def num_batched_tokens(self) -> int:
         """Tokens this step computes: what the token budget caps."""
-        return sum(c.n for c in self.chunks) + len(self.decode)
+        return sum(c.n for c in self.chunks) + sum(1 + len(r.spec_token_ids)
+                                                   for r in self.decode)

@@ -166,6 +166,10 @@ class TPEngine(Engine):
         self._announce(protocol.PREFILL, rows, token_lists)
         return self._collective(super().prefill, rows, token_lists)
 
+    def score(self, rows, token_lists, want):  # the workers run the same packed forward
+        self._announce(protocol.SCORE, rows, token_lists)
+        return self._collective(super().score, rows, token_lists, want)
+
     def decode(self, rows, tokens, hold=frozenset()):
         self._announce(protocol.DECODE, rows, [[t] for t in tokens], hold)
         return self._collective(super().decode, rows, tokens, hold)

@@ -11,6 +11,7 @@ that also appends each change to a journal, as small integer records:
     ADOPT  row n            an empty row took n cached tokens (a prefix-cache hit, Day 43)
     MOVE   src dst          compaction relabelled a row (Day 58)
     DROP   row null n i1 .. in  blocks i1 .. in of a row left every layer's window (Day 70)
+    TRUNC  row n            a row forgot its rejected proposals (speculative decoding, Day 76)
 
 The journal travels with the next forward's broadcast (``protocol.py``) and ``replay`` applies
 it to a worker's plain cache before that forward, so both caches enter every forward in the
@@ -24,9 +25,9 @@ from __future__ import annotations
 
 from nanoserve.attention.paged import BatchedPagedKVCache, BlockTable
 
-EXTEND, RESET, ADOPT, MOVE, DROP = 1, 2, 3, 4, 5
+EXTEND, RESET, ADOPT, MOVE, DROP, TRUNC = 1, 2, 3, 4, 5, 6
 OPS = {EXTEND: "extend", RESET: "reset_row", ADOPT: "adopt_prefix", MOVE: "move_row",
-       DROP: "drop_blocks"}
+       DROP: "drop_blocks", TRUNC: "truncate_row"}
 
 
 class JournaledBlockTable(BlockTable):
@@ -69,6 +70,12 @@ class MirroredCache(BatchedPagedKVCache):
         if indices:
             self.journal += [DROP, row, null, len(indices), *indices]
 
+    def truncate_row(self, row: int, n: int) -> None:
+        before = self.lengths[row]
+        super().truncate_row(row, n)
+        if n < before:
+            self.journal += [TRUNC, row, n]
+
     def take_journal(self) -> list[int]:
         out = list(self.journal)
         self.journal.clear()  # the tables hold this very list: clear it, do not rebind it
@@ -93,6 +100,9 @@ def replay(cache: BatchedPagedKVCache, journal: list[int]) -> int:
             i += 3
         elif op == MOVE:
             cache.move_row(journal[i + 1], journal[i + 2])
+            i += 3
+        elif op == TRUNC:
+            cache.truncate_row(journal[i + 1], journal[i + 2])
             i += 3
         elif op == DROP:
             row, null, k = journal[i + 1], journal[i + 2], journal[i + 3]

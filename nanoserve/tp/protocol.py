@@ -6,10 +6,11 @@ the requests, the sampler or the logits. A message is a flat int64 list:
     [kind, B, nhold, journal_len, rows(B), lens(B), hold(nhold), journal(journal_len),
      tokens(sum(lens))]
 
-``kind`` is ``PREFILL``, ``DECODE`` or ``STOP``. It travels in a fixed ``HEADER`` of int64s whose
-first cell is the message's length: a decode step of up to a few hundred rows fits, so it costs
-one broadcast of ``HEADER * 8`` bytes; a longer message (a prompt's tokens) sends its tail in a
-second broadcast of exactly the rest. Per step, never per token in Python.
+``kind`` is ``PREFILL``, ``DECODE``, ``SCORE`` (a verify step) or ``STOP``. It travels in a
+fixed ``HEADER`` of int64s whose first cell is the message's length: a decode step of up to a
+few hundred rows fits, so it costs one broadcast of ``HEADER * 8`` bytes; a longer message (a
+prompt's tokens) sends its tail in a second broadcast of exactly the rest. Per step, never per
+token in Python.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-PREFILL, DECODE, STOP = 1, 2, 3
+PREFILL, DECODE, STOP, SCORE = 1, 2, 3, 4  # SCORE: a verify step's packed forward (Day 76)
 HEADER = 1024  # int64 cells in the first broadcast; cell 0 is the message's length
 
 
