@@ -247,12 +247,11 @@ def commit_blocks(allocator: CachingBlockAllocator, request) -> None:
     """Register the blocks this step fills: every full block below ``num_computed_tokens``
     (and below its tokens: proposals are not committed) that the map does not know yet (one
     hash each, computed once)."""
-    bs, done = allocator.block_size, request.num_cached_blocks
+    bs, done, ids = allocator.block_size, request.num_cached_blocks, request.token_ids
     # never past its own tokens: a verify step's proposals are computed, not yet verified
-    full = min(request.num_computed_tokens, request.num_tokens) // bs
+    full = min(request.num_computed_tokens, len(ids)) // bs
     if full <= done:
         return
-    ids = request.token_ids
     if len(request.block_hashes) < full:
         request.block_hashes = block_hashes(ids[:full * bs], bs, request.block_hashes)
     allocator.register(request.blocks[done:full], request.block_hashes[done:full],
