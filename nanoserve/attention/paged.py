@@ -154,21 +154,27 @@ class BatchedPagedKVCache:
     # ------------------------------------------------------------------ a step
 
     def begin_step(self, rows: list[int], num_new: list[int],
-                   hold: frozenset[int] = frozenset(), packed: bool = False) -> StepLayout:
+                   hold: frozenset[int] = frozenset(), packed: bool = False,
+                   offsets: list[int] | None = None) -> StepLayout:
         """Rows ``rows[b]`` will append ``num_new[b]`` tokens in the next forward.
 
         A row in ``hold`` writes its one token at its current length without growing (a static
         batch's finished row, recomputed in place until its wave ends). ``packed``: the forward's
         tokens come as one stream (1, N), row after row, N = sum(num_new), instead of a (B, T)
-        rectangle right-padded to the longest. Host work is per row, never per token."""
-        if not rows or len(set(rows)) != len(rows) or len(rows) != len(num_new):
+        rectangle right-padded to the longest. ``offsets`` (a verify step, Day 76): a decode
+        step in which a row may appear more than once, entry b at position length + offsets[b]
+        (0, 1, .. for each row, in order), where the backend ``repeats_rows``. Host work is per
+        row, never per token."""
+        if offsets is not None:
+            self._check_offsets(rows, num_new, offsets, hold or packed)
+        elif not rows or len(set(rows)) != len(rows) or len(rows) != len(num_new):
             raise ValueError(f"a step needs distinct rows, one count each: {rows}, {num_new}")
         if min(num_new) < 1:
             raise ValueError(f"every row in a step must take at least one token: {num_new}")
         if packed and hold:
             raise ValueError("a packed step cannot hold rows")
         B, T, bs = len(rows), max(num_new), self.block_size
-        starts = [self.lengths[r] for r in rows]
+        starts = [self.lengths[r] + (offsets[b] if offsets else 0) for b, r in enumerate(rows)]
         for row, start, n in zip(rows, starts, num_new, strict=True):
             if start + n > self.max_model_len:
                 raise ValueError(f"row {row}: position {start + n - 1} is beyond "
@@ -206,6 +212,19 @@ class BatchedPagedKVCache:
         self.backend.plan(step, list(rows), ctx, cells)
         self._step = step
         return step
+
+    def _check_offsets(self, rows: list[int], num_new: list[int], offsets: list[int],
+                       other: bool) -> None:
+        """A verify step's layout: one token an entry, each row's offsets 0, 1, .. in order."""
+        seen: dict[int, int] = {}
+        for r, off in zip(rows, offsets, strict=True):
+            if off != seen.get(r, -1) + 1:
+                raise ValueError(f"row {r}: offsets must run 0, 1, .. in order; got {offsets}")
+            seen[r] = off
+        if other or set(num_new) != {1} or not self.backend.repeats_rows:
+            raise ValueError(f"a step with offsets is a decode step (one token an entry, no "
+                             f"held or packed rows) over a backend that repeats rows; "
+                             f"{self.attention!r} {'does' if self.backend.repeats_rows else 'not'}")
 
     def end_step(self) -> None:
         step, self._step = self._step, None

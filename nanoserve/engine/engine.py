@@ -47,6 +47,8 @@ from nanoserve.engine.verify import verify_step
 from nanoserve.sampling.sampler import sample_requests
 from nanoserve.spec_decode.stats import SpecDecodingStats
 
+VERIFY_AS_DECODE = 17  # a verify step's row of at most this many tokens runs as decode entries
+
 
 class InjectedFault(RuntimeError):
     """Raised by ``Engine.step`` on a step named in ``fail_on_step`` (tests only)."""
@@ -164,9 +166,45 @@ class Engine:
 
     def score(self, rows: list[int], token_lists: list[list[int]],
               want: list[int]) -> torch.Tensor:
-        """A verify step's forward (Day 76): packed, whatever the prefill policy; the logits
-        of each row's last ``want[b]`` tokens, (sum(want), V)."""
-        return self._forward_packed(rows, token_lists, want)
+        """A verify step's forward (Day 76): the logits of each row's last ``want[b]`` tokens,
+        (sum(want), V). Where every row continues a cached row with a few tokens and the
+        backend repeats rows, it is a decode step over one entry per token (each proposal a
+        row of its own over the same blocks: the decode path, its kernels and its C++ layer
+        loop); otherwise one packed forward, whatever the prefill policy."""
+        lens = [len(t) for t in token_lists]
+        if not (self.cache.backend.repeats_rows and max(lens) <= VERIFY_AS_DECODE
+                and all(self.cache.lengths[r] for r in rows)):
+            return self._forward_packed(rows, token_lists, want)
+        entries = [r for r, n in zip(rows, lens, strict=True) for _ in range(n)]
+        tokens = [t for toks in token_lists for t in toks]
+        # The C++ layer loop takes at most ``cap`` rows: more entries run as several decode
+        # forwards in entry order, so a proposal's earlier positions are always in the cache
+        # before it reads them (a later forward reads what an earlier one wrote).
+        weights = getattr(self.model, "decode_layer_weights", None)
+        cap = weights["rows"] if weights and weights["rows"] else len(entries)
+        hs = [self._decode_entries(entries[i:i + cap], tokens[i:i + cap])
+              for i in range(0, len(entries), cap)]
+        h = torch.cat(hs) if len(hs) > 1 else hs[0]  # (N, E)
+        self._count(len(rows), len(entries), len(entries))
+        ends = torch.tensor(lens).cumsum(0).tolist()
+        keep = [i for e, w in zip(ends, want, strict=True) for i in range(e - w, e)]
+        return self.model.compute_logits(h if len(keep) == len(entries)
+                                         else h[torch.tensor(keep, device=h.device)])
+
+    def _decode_entries(self, entries: list[int], tokens: list[int]) -> torch.Tensor:
+        """One decode forward over ``entries`` (rows, a row once per token, in order) -> each
+        entry's final hidden state (n, E)."""
+        seen: dict[int, int] = {}
+        offsets = [seen.__setitem__(r, seen.get(r, -1) + 1) or seen[r] for r in entries]
+        ids = torch.tensor(tokens)[:, None]  # (n, 1)
+        pos = torch.tensor([self.cache.lengths[r] + j
+                            for r, j in zip(entries, offsets, strict=True)])[:, None]  # (n, 1)
+        self.cache.begin_step(entries, [1] * len(entries), offsets=offsets)
+        try:
+            h = self.model(ids.to(self.device), pos.to(self.device), self.cache)  # (n, 1, E)
+        finally:
+            self.cache.end_step()
+        return h[:, 0]
 
     def decode(self, rows: list[int], tokens: list[int],
                hold: frozenset[int] = frozenset()) -> torch.Tensor:

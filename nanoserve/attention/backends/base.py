@@ -79,6 +79,9 @@ class AttentionBackend:
     reads: ClassVar[tuple[str, ...]] = ()
     # Fresh prompts attend to their own new keys, not through the pool (Day 51).
     packs_fresh_prompts: ClassVar[bool] = True
+    # Its decode read takes one row at several positions in one step (a verify step, Day 76:
+    # each proposal a decode row over the same blocks); a read keyed by row cannot.
+    repeats_rows: ClassVar[bool] = False
     # A graph window of this backend keeps Day 50's gathered mapping, this many cells a chunk.
     window_chunk: ClassVar[int | None] = None
 

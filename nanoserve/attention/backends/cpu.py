@@ -32,6 +32,7 @@ class CPUBackend(AttentionBackend):
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     reads: ClassVar[tuple[str, ...]] = ("decode", "prefill")
     sliding_window: ClassVar[bool] = True  # the kernel's window, on every read it makes
+    repeats_rows: ClassVar[bool] = True  # each decode row reads its own block table
 
     def __init__(self, cache):
         if cache.device.type != "cpu":  # refused now, not mid-step

@@ -19,6 +19,7 @@ class ReferenceBackend(AttentionBackend):
     reads: ClassVar[tuple[str, ...]] = ("decode", "prefill")
     packs_fresh_prompts: ClassVar[bool] = False  # every row reads the pool, prompts too
     sliding_window: ClassVar[bool] = True  # every read is the masked rectangle, by position
+    repeats_rows: ClassVar[bool] = True  # each decode row reads its own block table
 
     @classmethod
     def workspace_bytes(cls, context_lens, num_q_heads, num_kv_heads, head_dim, dtype_bytes,
