@@ -49,7 +49,8 @@ FIGURES = ("decode tok/s: output tokens after each request's first over the time
            "token to last (one request: summed over requests; a batch: earliest first to "
            "latest last); e2e tok/s: all output tokens over generate's wall time; best of the "
            "interleaved rounds. MAL: mean acceptance length, 1 + accepted / drafts; accept: "
-           "accepted / proposed. x off: over speculation off, same row otherwise.")
+           "accepted / proposed; drafts: verify steps that checked proposals, summed over "
+           "requests (a round's). x off: over speculation off, same row otherwise.")
 QUICK = {"threads": "1", "dtype": "float32", "requests": 2, "batch": 2, "max_tokens": 16,
          "passage_len": 64, "reopen": 8, "rounds": 1, "lookups": "2:5", "step_reps": 3,
          "step_ks": "1,4"}
@@ -123,6 +124,7 @@ def parse(args: argparse.Namespace) -> argparse.Namespace:
             from None
     if any(len(p) != 2 or not 1 <= p[0] <= p[1] for p in args.lookups):
         raise ValueError(f"--lookups {args.lookups}: MIN:MAX with 1 <= MIN <= MAX")
+    args.vllm_venv = str(Path(args.vllm_venv).resolve())  # its runner starts in another cwd
     args.step_ks = _ints(str(args.step_ks), "--step-ks")
     args.draft_layers = _ints(str(args.draft_layers), "--draft-layers")
     for flag in ("k", "requests", "batch", "max_tokens", "rounds", "step_reps",

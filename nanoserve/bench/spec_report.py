@@ -151,9 +151,10 @@ def print_report(report: dict) -> None:
         t = Table(title=f"nanoserve bench spec: {title}", caption_justify="left",
                   caption=f"Hardware: {hw}. {report['figures']}")
         for col in ("model", "dtype", "workload", "batch", "threads", "engine", "arm",
-                    "decode tok/s", "e2e tok/s", "x off", "x off e2e", "MAL", "accept",
+                    "decode tok/s", "e2e tok/s", "x off", "x off e2e", "MAL", "accept", "drafts",
                     "= off", "extra", "target", "met"):
-            t.add_column(col, justify="right" if col in ("batch", "threads") or "tok" in col
+            t.add_column(col, justify="right" if col in ("batch", "threads", "drafts")
+                         or "tok" in col
                          or col.startswith("x") else "left")
         notes = []
         for r in rows:
@@ -166,7 +167,7 @@ def print_report(report: dict) -> None:
                       _f(r, "e2e_tokens_per_s", "{:.1f}"), _f(r, "speedup_decode", "{:.2f}x"),
                       _f(r, "speedup_e2e", "{:.2f}x"),
                       _f(r, "mean_acceptance_length", "{:.2f}"),
-                      _f(r, "acceptance_rate", "{:.0%}"),
+                      _f(r, "acceptance_rate", "{:.0%}"), _f(r, "num_drafts", "{}"),
                       "" if r.get("identical_to_off") is None
                       else ("yes" if r["identical_to_off"] else "NO"), _extra(r),
                       _f(r, "target", ">= {:.2f}x"),
@@ -181,7 +182,7 @@ def print_report(report: dict) -> None:
 def _extra(r: dict) -> str:
     if r["section"] == "shape" and r.get("predicted_from_step_cost") is not None:
         return (f"verify={r['verify_cost_in_steps']:.2f} steps, predicted "
-                f"{r['predicted_from_step_cost']:.2f}x")
+                f"{r['predicted_from_step_cost']:.2f}x; reference: {r['reference_shared']}")
     if r["section"] == "draft" and r.get("c") is not None:
         out = f"c={r['c']:.2f}"
         if r.get("predicted_speedup") is not None:
@@ -190,10 +191,12 @@ def _extra(r: dict) -> str:
             out += f", within 15%: {'yes' if r['within_15pct'] else 'no'}"
         return out
     if r["section"] == "vllm" and r.get("ratio_over_vllm") is not None:
-        return (f"nanoserve {r['nanoserve_decode_tokens_per_s']:.1f} tok/s, "
-                f"{r['ratio_over_vllm']:.2f}x vLLM")
-    if r.get("matches_reference") is not None:
-        return f"= reference: {'yes' if r['matches_reference'] else 'NO'}"
+        mal = r.get("nanoserve_mean_acceptance_length")
+        return (f"nanoserve {r['nanoserve_decode_tokens_per_s']:.1f} tok/s"
+                + (f" (MAL {mal:.2f})" if mal is not None else "")
+                + f", {r['ratio_over_vllm']:.2f}x vLLM")
+    if r.get("reference_shared") is not None:
+        return f"reference: {r['reference_shared']} leading tokens"
     return ""
 
 

@@ -90,11 +90,18 @@ def run_grid(section: str, model: Path, model_name: str, dtype: str, threads: in
                 row["outputs"] = got.pop("outputs")
                 row["rounds"].append({k2: got[k2] for k2 in RUN_KEYS})
                 row.update({k2: v for k2, v in got.items() if k2 not in RUN_KEYS})
-                if wl.references is not None:
-                    row["matches_reference"] = row["outputs"] == wl.references
+                if wl.references is not None:  # the fewest leading tokens any request shares
+                    row["reference_shared"] = min(_shared(o, ref) for o, ref in zip(
+                        row["outputs"], wl.references, strict=True))
     for arm in arms.values():
         arm.close()
     return list(rows.values())
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two outputs share."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def shape_checkpoint_layers(shape: str, layers: int, seed: int = 0) -> Path:

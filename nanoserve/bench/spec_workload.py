@@ -5,25 +5,29 @@ is already written earlier in the sequence, so a speed-up measured on one kind o
 nothing about another. Issue 41 sets a target for each kind, and each kind is defined here, once,
 deterministically (same arguments, same token ids, on every machine):
 
-- ``copy_heavy``: a passage of the shipped model's own training text (``text_loss.corpus()``),
-  the first ``passage_len`` tokens of a document (BOS first), followed by its opening again
-  (the ``reopen`` tokens after BOS). The model has read the passage; having just seen its
-  opening repeated, its greedy continuation repeats what follows, which the prompt holds, so
-  lookup proposes it. ``split="val"`` takes the passages from the held-out topics instead: the
-  model never trained on them, so whether it copies them is the model's in-context skill only.
+- ``copy_heavy``: a passage of the shipped model's own training text (``text_loss.corpus()``):
+  a window of ``passage_len`` tokens of a document (the first window starts with BOS), followed
+  by its opening again (its first ``reopen`` tokens after BOS). The model has read the passage;
+  having just seen its opening repeated, its greedy continuation repeats what follows, which
+  the prompt holds, so lookup proposes it. ``split="val"`` takes the passages from the held-out
+  topics instead: the model never trained on them, so whether it copies them is its in-context
+  skill only (eight documents are held out, so their windows are sampled, not whole documents).
 - ``no_repeat``: ``prompt_len`` distinct token ids (never BOS or EOS) in a seeded random order:
   no n-gram of any length occurs twice in the prompt, so whatever lookup finds it finds in the
   model's own output (a model that loops gives it something; the report says how much).
 - ``forced_repeat``: for a random-weight model (the SmolLM2-135M shape), whose greedy output no
   text predicts. ``X`` is ``no_repeat``'s prompt; ``G`` its greedy continuation of ``m + n``
   tokens, computed with speculation off; the prompt is ``X + G[:m]`` and its greedy continuation
-  is, by construction, ``G[m:m + n]`` (the reference every arm must reproduce). Lookup finds that
-  continuation in the prompt when ``G`` repeats itself, and random weights do: with a tied head
-  the residual stream keeps the input token's embedding, so greedy decoding settles into one
-  token or a short cycle within a few steps; ``m`` tokens of it in the prompt give lookup its
-  match. The report records how many distinct tokens the continuation holds, so a reader sees
-  how degenerate the text is (it is the verify step's cost at a known acceptance that this
-  workload measures, not the model).
+  is, in exact arithmetic, ``G[m:m + n]`` (the reference; in bf16 the prompt's prefill rounds
+  otherwise than the decode steps that wrote ``G``, so the report gives the leading tokens each
+  arm shares with it, and holds every arm to the off arm's output). Lookup finds that
+  continuation in the prompt when ``G`` repeats itself, and random weights' greedy output does:
+  it settles into one token (or two) repeated within a few steps (likely because, with a tied
+  head and small random layers, the residual stream keeps the input token's embedding, whose
+  logit is then the largest); ``m`` tokens of it in the prompt give lookup its match. The
+  report records how many distinct tokens the continuation holds, so a reader sees how
+  degenerate the text is: this workload measures the verify step's cost at a known acceptance,
+  not the model.
 
 >>> w = no_repeat(2, 6, vocab_size=50, seed=0)
 >>> [len(p) for p in w.prompts], all(len(set(p)) == len(p) for p in w.prompts)

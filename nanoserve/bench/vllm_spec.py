@@ -67,8 +67,10 @@ def vllm_spec_arm(name: str, venv: Path, model: Path, dtype: str, spec: dict | N
                 outs += eng.run(_one(p, wl.max_tokens))
                 e2e += eng.last_wall_s
             after = eng.metrics()
-            row["rounds"].append(_figures(before, after, outs, e2e))
-            row["outputs"] = outs
+            got = _figures(before, after, outs, e2e)
+            row["rounds"].append(got)
+            row.update({k: got[k] for k in (*SPEC, "mean_acceptance_length",
+                                            "acceptance_rate")}, outputs=outs)
     except Exception as e:
         row.update(status="error", reason=f"{type(e).__name__}: {e}"[:800])
     finally:
