@@ -79,6 +79,8 @@ def test_predicted_speedup():
     assert predicted_speedup(0.0, 4, 0.25) == 0.5  # nothing kept: a step costs 1 + k c
     assert predicted_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8 ** 5) / 0.2 / 1.4)
     assert predicted_speedup(1 - 1e-9, 3, 1.0) == pytest.approx(predicted_speedup(1, 3, 1))
+    # a verify step costing 2 plain steps halves the free draft's 5x
+    assert predicted_speedup(1.0, 4, 0.0, verify=2.0) == 2.5
     with pytest.raises(ValueError):
         predicted_speedup(1.5, 4, 0.1)
 
@@ -98,7 +100,8 @@ def test_summarize_ratios_targets_and_the_draft_prediction():
     rows = [_row("off", None, 100, 50), _row("ngram", ngram, 250, 80),
             _row("off", None, 400, 200, batch=8), _row("ngram", ngram, 480, 210, batch=8),
             _row("off", None, 100, 50, section="draft"),
-            _row("draft", draft, 200, 90, section="draft", c=0.25, acceptance_rate=0.8)]
+            _row("draft", draft, 200, 90, section="draft", c=0.25, acceptance_rate=0.8,
+                 verify_cost_in_steps=2.0)]
     rows[3]["outputs"] = [[1, 2, 4]]
     report = {"rows": rows}
     summarize(report)
@@ -109,6 +112,7 @@ def test_summarize_ratios_targets_and_the_draft_prediction():
     want = predicted_speedup(0.8, 4, 0.25)
     assert rows[5]["predicted_speedup"] == round(want, 3)
     assert rows[5]["within_15pct"] == (abs(2.0 / round(want, 3) - 1) <= 0.15)
+    assert rows[5]["predicted_with_verify_cost"] == round(predicted_speedup(0.8, 4, 0.25, 2), 3)
     assert all("outputs" not in r and "outputs_sha1" in r for r in rows)
     assert [t["arm"] for t in report["targets"]] == ["ngram", "ngram"]
 

@@ -21,8 +21,8 @@ rate ``accepted / proposed``.
 ``step_costs`` times the two forwards speculation trades between on a warm engine: a plain
 decode step (``Engine.decode``, one token a row) and a verify step (``Engine.score``, 1 + k
 tokens a row, each position's logits), on rows granted by hand at a fixed context length and cut
-back after every call, the median of many repetitions. ``truncated_draft`` writes a draft made
-of a checkpoint's first layers.
+back after every call, the calls interleaved, the median of many repetitions.
+``truncated_draft`` writes a draft made of a checkpoint's first layers.
 """
 
 from __future__ import annotations
@@ -96,16 +96,6 @@ class SpecArm:
         self.llm = None
 
 
-def _median_ms(fn, after, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        after()
-    return 1000 * statistics.median(times)
-
-
 def step_costs(llm: LLM, ks: list[int], batch: int = 1, context: int = 192,
                reps: int = 50) -> dict:
     """A warm engine's plain decode step and verify steps of 1 + k tokens, for each ``k`` of
@@ -127,21 +117,24 @@ def step_costs(llm: LLM, ks: list[int], batch: int = 1, context: int = 192,
                 for r in rows:
                     engine.cache.truncate_row(r, context)
 
-            for _ in range(3):  # warm-up: the first calls build what later ones reuse
-                engine.decode(rows, [5] * batch)
-                cut()
-                engine.score(rows, [[5] * (1 + max(ks))] * batch, [1 + max(ks)] * batch)
-                cut()
-            decode = _median_ms(lambda: engine.decode(rows, [5] * batch), cut, reps)
-            score = {k: _median_ms(lambda k=k: engine.score(rows, [[5] * (1 + k)] * batch,
-                                                            [1 + k] * batch), cut, reps)
-                     for k in ks}
+            calls = {0: lambda: engine.decode(rows, [5] * batch)}  # 0: the plain step
+            calls.update({k: (lambda k=k: engine.score(rows, [[5] * (1 + k)] * batch,
+                                                       [1 + k] * batch)) for k in ks})
+            times: dict[int, list[float]] = {k: [] for k in calls}
+            for rep in range(reps + 3):  # interleaved, so a load that drifts hits every kind
+                for k, call in calls.items():
+                    t0 = time.perf_counter()
+                    call()
+                    if rep >= 3:  # the first calls build what later ones reuse: untimed
+                        times[k].append(time.perf_counter() - t0)
+                    cut()
+            ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
         finally:
             for r in rows:
                 engine.release(r)
-    return {"batch": batch, "context": context, "reps": reps, "decode_ms": round(decode, 4),
-            "verify_ms": {k: round(v, 4) for k, v in score.items()},
-            "ratio": {k: round(v / decode, 3) for k, v in score.items()}}
+    return {"batch": batch, "context": context, "reps": reps, "decode_ms": round(ms[0], 4),
+            "verify_ms": {k: round(ms[k], 4) for k in ks},
+            "ratio": {k: round(ms[k] / ms[0], 3) for k in ks}}
 
 
 def truncated_draft(src: Path, dst: Path, num_layers: int) -> tuple[Path, str]:
@@ -187,15 +180,18 @@ def _write_truncated(src: Path, dst: Path, num_layers: int) -> Path:
     return dst
 
 
-def predicted_speedup(a: float, k: int, c: float) -> float:
+def predicted_speedup(a: float, k: int, c: float, verify: float = 1.0) -> float:
     """Leviathan et al.'s expected speed-up per verify step: ``(1 - a^(k+1)) / ((1 - a)(1 +
     k c))`` with ``a`` the acceptance rate, ``k`` proposals, ``c`` a draft step's cost in target
-    steps (``a = 1``: ``(k + 1) / (1 + k c)``, the limit).
+    steps (``a = 1``: ``(k + 1) / (1 + k c)``, the limit). ``verify``: the verify step's cost in
+    plain target steps where it is not 1 (the formula's assumption), in place of the 1.
 
     >>> round(predicted_speedup(0.8, 4, 0.1), 3), predicted_speedup(1.0, 4, 0.0)
     (2.401, 5.0)
+    >>> predicted_speedup(1.0, 4, 0.0, verify=2.5)
+    2.0
     """
-    if not 0 <= a <= 1 or k < 1 or c < 0:
-        raise ValueError(f"a={a} must be in [0, 1], k={k} >= 1, c={c} >= 0")
+    if not 0 <= a <= 1 or k < 1 or c < 0 or verify <= 0:
+        raise ValueError(f"a={a} must be in [0, 1], k={k} >= 1, c={c} >= 0, verify={verify} > 0")
     tokens = k + 1 if a == 1 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens / (1 + k * c)
+    return tokens / (verify + k * c)

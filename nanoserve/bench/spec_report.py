@@ -15,7 +15,8 @@ token for token, and the target it answers to:
 The shape section's rows add the speed-up the step costs predict at the measured acceptance
 (mean acceptance length over the verify step's cost in plain steps); the draft rows add
 Leviathan et al.'s prediction from the acceptance rate ``a`` and the draft's cost ``c``, and
-whether the measured speed-up is within 15% of it.
+whether the measured speed-up is within 15% of it; beside it the same formula with the verify
+step's measured cost in place of its assumed one step (``predicted_with_verify_cost``).
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ def _draft_predictions(rows: list[dict]) -> None:
             continue
         a, k, c = r["acceptance_rate"], r["spec"]["num_speculative_tokens"], r["c"]
         r["predicted_speedup"] = round(predicted_speedup(a, k, c), 3)
+        if r.get("verify_cost_in_steps"):  # the same with the verify step's measured cost
+            r["predicted_with_verify_cost"] = round(
+                predicted_speedup(a, k, c, r["verify_cost_in_steps"]), 3)
         if r.get("speedup_decode"):
             r["measured_over_predicted"] = round(r["speedup_decode"] / r["predicted_speedup"],
                                                  3)
@@ -189,6 +193,9 @@ def _extra(r: dict) -> str:
             out += f", predicted {r['predicted_speedup']:.2f}x"
         if r.get("within_15pct") is not None:
             out += f", within 15%: {'yes' if r['within_15pct'] else 'no'}"
+        if r.get("predicted_with_verify_cost") is not None:
+            out += (f"; verify={r['verify_cost_in_steps']:.2f} steps: "
+                    f"{r['predicted_with_verify_cost']:.2f}x")
         return out
     if r["section"] == "vllm" and r.get("ratio_over_vllm") is not None:
         mal = r.get("nanoserve_mean_acceptance_length")
