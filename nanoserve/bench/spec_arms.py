@@ -10,7 +10,8 @@ to ``cpus`` (``threads_bind``: one torch thread a CPU), and ``run`` times a work
   the sum of each ``generate``'s wall time;
 - ``batch=B``: ``B`` requests in one ``generate`` (concurrent, ``max_num_seqs >= B``); decode
   seconds run from the earliest first token to the latest last token, end-to-end seconds are
-  the call's wall time.
+  the call's wall time (the batch's prompts fit one step's token budget, so every request
+  has its first token from the same step and the decode time holds no prompt chunk).
 
 Decode tokens/s is the output tokens after each request's first, summed, over decode seconds;
 end-to-end tokens/s is every output token over end-to-end seconds (prefill included). The
@@ -48,8 +49,11 @@ class SpecArm:
         self.name, self.spec, self.cpus = name, spec, tuple(cpus)
         torch.set_num_threads(len(cpus))
         options = {} if spec is None else {"speculative_config": spec}
+        # a budget that holds every prompt of a batch: its prefill is one step, and its decode
+        # time (earliest first token to latest last) holds no prompt chunk
         self.llm = LLM(model=str(model), dtype=dtype, skip_tokenizer_init=True,
                        max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                       max_num_batched_tokens=max_num_seqs * max_model_len,
                        threads_bind=",".join(map(str, cpus)), **options)
         self.proposer = (self.llm.core.proposer.describe() if self.llm.core.proposer is not None
                          else None)
