@@ -146,13 +146,14 @@ def truncated_draft(src: Path, dst: Path, num_layers: int) -> tuple[Path, str]:
     it: ``nanoserve.spec_decode.draft.write_truncated_draft`` where it exists, else this
     module's own copy of the same recipe (embeddings, first layers, final norm, head)."""
     if (dst / "config.json").is_file():
-        return dst, "reused"
+        return dst, "written by an earlier run"
     try:
         from nanoserve.spec_decode.draft import write_truncated_draft
     except ImportError:
-        write_truncated_draft, who = _write_truncated, "bench.spec_arms (draft.py lacks it)"
+        write_truncated_draft = _write_truncated
+        who = "written by bench.spec_arms: spec_decode.draft has no write_truncated_draft"
     else:
-        who = "spec_decode.draft.write_truncated_draft"
+        who = "written by spec_decode.draft.write_truncated_draft"
     tmp = dst.with_name(f".{dst.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     write_truncated_draft(src, tmp, num_layers)

@@ -146,14 +146,15 @@ def print_report(report: dict) -> None:
 
     from nanoserve.bench.hardware import describe_hardware
 
-    console = Console(stderr=True, width=200)
+    console = Console(stderr=True, width=230)
     hw = describe_hardware(report["hardware"])
     for section, title in TITLES.items():
         rows = [r for r in report["rows"] if r["section"] == section]
         if not rows:
             continue
         t = Table(title=f"nanoserve bench spec: {title}", caption_justify="left",
-                  caption=f"Hardware: {hw}. {report['figures']}")
+                  caption=f"Hardware: {hw}. {report['figures']} Arms: ngram K MIN:MAX (k, "
+                      f"prompt_lookup_min, prompt_lookup_max).")
         for col in ("model", "dtype", "workload", "batch", "threads", "engine", "arm",
                     "decode tok/s", "e2e tok/s", "x off", "x off e2e", "MAL", "accept", "drafts",
                     "= off", "extra", "target", "met"):
@@ -166,7 +167,9 @@ def print_report(report: dict) -> None:
                 notes.append(f"{r['arm']} ({r['workload']}, batch {r['batch']}, "
                              f"{r.get('threads')} thr): {r['status']}: {r.get('reason')}")
             t.add_row(r["model"], r["dtype"], r["workload"], str(r["batch"]),
-                      str(r.get("threads", "")), r["engine"], r["arm"],
+                      str(r.get("threads", "")).split(" on cores")[0], r["engine"],
+                      r["arm"].replace("ngram k=", "ngram ").replace(" min=", " ")
+                      .replace(" max=", ":"),
                       _f(r, "decode_tokens_per_s", "{:.1f}") or r["status"],
                       _f(r, "e2e_tokens_per_s", "{:.1f}"), _f(r, "speedup_decode", "{:.2f}x"),
                       _f(r, "speedup_e2e", "{:.2f}x"),
@@ -185,8 +188,8 @@ def print_report(report: dict) -> None:
 
 def _extra(r: dict) -> str:
     if r["section"] == "shape" and r.get("predicted_from_step_cost") is not None:
-        return (f"verify={r['verify_cost_in_steps']:.2f} steps, predicted "
-                f"{r['predicted_from_step_cost']:.2f}x; reference: {r['reference_shared']}")
+        return (f"verify {r['verify_cost_in_steps']:.2f} steps: predicted "
+                f"{r['predicted_from_step_cost']:.2f}x; ref {r['reference_shared']}")
     if r["section"] == "draft" and r.get("c") is not None:
         out = f"c={r['c']:.2f}"
         if r.get("predicted_speedup") is not None:
@@ -203,7 +206,7 @@ def _extra(r: dict) -> str:
                 + (f" (MAL {mal:.2f})" if mal is not None else "")
                 + f", {r['ratio_over_vllm']:.2f}x vLLM")
     if r.get("reference_shared") is not None:
-        return f"reference: {r['reference_shared']} leading tokens"
+        return f"ref {r['reference_shared']} (leading tokens shared)"
     return ""
 
 

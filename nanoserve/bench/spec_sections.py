@@ -138,7 +138,7 @@ def shape_section(args, threads: int, specs: list[dict], log) -> dict:
     """The random-weight shape at one request: the forced-repeat workload (its references from
     the target with speculation off), off against each ngram arm, and the step costs."""
     model = shape_checkpoint_layers(args.shape, args.shape_layers, args.seed)
-    name = f"{args.shape} (random, {args.shape_layers} layers)"
+    name = f"{args.shape} L{args.shape_layers} random"
     cfg = json.loads((model / "config.json").read_text())
     cpus = cpus_for(threads)
     max_len = args.shape_prompt_len + args.shape_m + args.max_tokens + 16
@@ -173,7 +173,7 @@ def draft_section(args, threads: int, dtype: str, wl: SpecWorkload, target: Path
         path, who = truncated_draft(target, SHAPE_CACHE.parent / "spec-drafts" /
                                     f"{target.name}-L{n}", n)
         drafts.append(path)
-        notes.append(f"{path.name}: first {n} layer(s), written by {who}")
+        notes.append(f"{path.name}: the target's first {n} layer(s) ({who})")
     drafts.append(target)
     notes.append(f"{target.name}: the target as its own draft")
     specs = [{"method": "draft_model", "num_speculative_tokens": args.k, "model": str(d)}
