@@ -68,6 +68,22 @@ class LoadedEngine:
     generation_defaults: GenerationDefaults | None = None  # generation_config.json's (load_core)
     quantization: str | None = None  # what a quantized checkpoint holds (model.quantization)
 
+    def load_like(self, model_dir: str) -> tuple[torch.nn.Module, str]:
+        """Another checkpoint loaded as this one was (a speculative draft, Day 77): the same
+        dtype, device and C++ ops, packing measured for its own shapes, the attention backend
+        chosen for its own heads; in this process only (a draft is never split). Returns the
+        model and its attention backend's name."""
+        cfg, mc = self.config, ModelConfig.from_dir(model_dir)
+        family = model_class(mc)
+        prepacked, _ = resolve_prepack(cfg.prepack, self.device, self.dtype, cfg.compile,
+                                       (mc.hidden_size, mc.intermediate_size))
+        model = load_model(model_dir, self.dtype, self.device, self.max_model_len)
+        prepare_model(model, prepacked, self.kernels and cfg.prepack is not False, self.kernels)
+        windows = family.served_windows(mc, self.max_model_len)
+        return model, attention_selector.choose(
+            cfg.attention, self.kernels, AttentionSpec.for_model(mc, self.dtype, self.device,
+                                                                 windows))
+
 
 def default_num_kv_blocks(mc: ModelConfig, max_num_seqs: int, max_model_len: int,
                           block_size: int, element_size: int) -> int:
