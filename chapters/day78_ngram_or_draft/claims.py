@@ -37,7 +37,7 @@ from pathlib import Path
 from chapters.common import SHIPPED
 from chapters.runner import exact, recorded, timed
 
-from .snapshot.lookup import replay
+from .snapshot.lookup import propose, replay
 from .snapshot.speedup import break_even_a, predicted_speedup, step_weights
 
 HERE = Path(__file__).resolve().parent
@@ -178,6 +178,30 @@ def replayed() -> str:
     mine = sum(replay(p, o, LOOKUP[0], LOOKUP[1], K).accepted
                for w, ps in prompts().items() for p, o in zip(ps, got[w]["outputs"], strict=True))
     return f"{sum(v['accepted'] for v in got.values())}, {mine}"
+
+
+def live_lookup_agrees() -> str:
+    """The package's ``propose_ngram`` against the snapshot's ``propose`` on every prefix of
+    every request's tokens (prompt and lookup's output), past the prompt's first token."""
+    from nanoserve.spec_decode.ngram import propose_ngram
+
+    got = run("ngram")
+    seqs = [p + o for w, ps in prompts().items() for p, o in zip(ps, got[w]["outputs"],
+                                                                  strict=True)]
+    pairs = [(s[:n], n) for s in seqs for n in range(2, len(s) + 1)]
+    same = sum(propose(t, *LOOKUP, K) == propose_ngram(t, *LOOKUP, K, 1024) for t, _ in pairs)
+    return f"{same:,} of {len(pairs):,}"
+
+
+def doctests() -> str:
+    """The snapshot's doctest examples that hold, module by module."""
+    import doctest
+
+    from .snapshot import lookup, speedup
+
+    runs = [doctest.testmod(m, optionflags=doctest.NORMALIZE_WHITESPACE) for m in (lookup,
+                                                                                   speedup)]
+    return ", ".join(f"{r.attempted - r.failed} of {r.attempted}" for r in runs)
 
 
 # ------------------------------------------------------------------ the formula
@@ -333,7 +357,9 @@ def _machine(rep: dict) -> str:
 
 def _ng(rep, section, workload, batch, arm) -> str:
     r = _find(rep, section, workload, batch, arm)
-    return _status(r) or f"{r['speedup_decode']:.2f}x, {r['mean_acceptance_length']:.2f}"
+    mal = r and r.get("mean_acceptance_length")  # None: nothing was proposed
+    return _status(r) or f"{r['speedup_decode']:.2f}x, " + (f"{mal:.2f}" if mal else
+                                                             "no proposals")
 
 
 def _draft(rep, suffix: str) -> str:
@@ -385,6 +411,9 @@ CLAIMS = [
           f"snapshot's replay over the outputs", replayed),
     exact(f"requests whose greedy tokens equal speculation off's, float32: {NG}",
           lambda: identical("ngram")),
+    exact("prefixes of those requests' tokens where the package's propose_ngram and the "
+          "snapshot's propose agree", live_lookup_agrees),
+    exact("doctest examples of the snapshot that hold: lookup.py, speedup.py", doctests),
     *(exact(f"{DR}, {WORKLOADS[w]}: verify steps of decode steps, acceptance rate, mean "
             f"acceptance length", lambda w=w: draft_row(w), needs=draft_missing)
       for w in DRAFT_WORKLOADS),
