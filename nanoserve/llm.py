@@ -109,11 +109,22 @@ class Stats:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (Day 44)
     prefix_cache_hits: int = 0  # ... found there, so not computed
     prefix_cache_evictions: int = 0  # cached blocks given up for new K/V
+    # speculative decoding (Day 76), vLLM's counter names; all 0 when it is off
+    spec_decode_num_drafts: int = 0  # verify steps that checked proposals, summed over requests
+    spec_decode_num_draft_tokens: int = 0  # proposals checked
+    spec_decode_num_accepted_tokens: int = 0  # proposals the target accepted
+    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
     @property
     def replay_share(self) -> float:
         """Replayed decode steps over all decode steps (0 when there were none)."""
         return self.decode_steps_replayed / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def spec_decode_mean_acceptance_length(self) -> float:
+        """Tokens each verify step emitted per request: 1 + accepted / drafts (1.0: none)."""
+        return (1.0 + self.spec_decode_num_accepted_tokens / self.spec_decode_num_drafts
+                if self.spec_decode_num_drafts else 1.0)
 
     def add(self, before: CoreSnapshot, after: CoreSnapshot) -> None:
         """Count what the core did between two snapshots (the counters a snapshot holds)."""
@@ -122,6 +133,16 @@ class Stats:
             if name in CoreSnapshot.__dataclass_fields__:
                 setattr(self, f.name, getattr(self, f.name) + getattr(after, name) -
                         getattr(before, name))
+        if after.spec_decode is not None:  # cumulative for the core's life: the difference
+            a, b = after.spec_decode, before.spec_decode
+            self.spec_decode_num_drafts += a.num_drafts - b.num_drafts
+            self.spec_decode_num_draft_tokens += a.num_draft_tokens - b.num_draft_tokens
+            self.spec_decode_num_accepted_tokens += (a.num_accepted_tokens -
+                                                     b.num_accepted_tokens)
+            pos = self.spec_decode_num_accepted_tokens_per_pos
+            pos += [0] * (len(a.accepted_per_pos) - len(pos))
+            for i, n in enumerate(a.accepted_per_pos):
+                pos[i] += n - (b.accepted_per_pos[i] if i < len(b.accepted_per_pos) else 0)
 
 
 class LLM:

@@ -196,6 +196,9 @@ class EngineCore:
                                f"not released: hand-granted and scheduled rows never meet in "
                                f"one step")
         out = self.scheduler.schedule()
+        if self.proposer is not None:  # who left the running batch leaves the proposer too
+            for r in out.finished + out.preempted:
+                self.proposer.release(r)
         now = time.perf_counter()
         for r in out.finished:
             r.metrics.finished_time = now

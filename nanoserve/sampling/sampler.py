@@ -144,7 +144,7 @@ def apply_penalties(logits: torch.Tensor, prompts: list[list[int]], outputs: lis
     return x - freq * out_counts.to(logits.dtype) - pres * seen_out.to(logits.dtype)
 
 
-def _token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, ks: list[int]) -> list[TokenLogprob]:
+def token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, ks: list[int]) -> list[TokenLogprob]:
     """raw logits (R, V), sampled tokens (R,), top counts -> one TokenLogprob per row."""
     lp = torch.log_softmax(raw.float(), dim=-1)  # (R, V)
     own = lp.gather(1, tokens[:, None])  # (R, 1)
@@ -157,6 +157,43 @@ def _token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, ks: list[int]) -> l
             for j, (t, k) in enumerate(zip(tokens.tolist(), ks, strict=True))]
 
 
+def banned_stops(request: Request, num_output: int, V: int) -> set[int]:
+    """The ids ``request`` may not draw as output token ``num_output + 1``: its EOS and
+    ``stop_token_ids`` while it is short of ``min_tokens``, else none."""
+    if num_output >= request.min_tokens:
+        return set()
+    return {t for t in (*request.eos_token_ids, *request.stop_token_ids) if 0 <= t < V}
+
+
+def process_logits(logits: torch.Tensor, params: list[SamplingParams],
+                   prompts: list[list[int]], outputs: list[list[int]],
+                   banned: list[set[int]], grammar: tuple[list[int], torch.Tensor] | None = None,
+                   ) -> torch.Tensor:
+    """Raw logits (B, V) -> the logits each row draws from, before temperature: the penalties
+    over each row's own history (``prompts[b]``, ``outputs[b]``), ``banned[b]`` at -inf, then
+    the grammar's masks, ``grammar = (rows, words)`` with ``words`` (len(rows), ceil(V / 32)).
+    A row's history is explicit, so a verify step can hand in one row per speculative position
+    (the output extended by the proposals before it). ``logits`` itself when nothing applies."""
+    x = logits
+    pen = [i for i, sp in enumerate(params) if sp.penalised]
+    if pen:
+        x = x.clone()
+        x[pen] = apply_penalties(logits[pen], [prompts[i] for i in pen],
+                                 [outputs[i] for i in pen], [params[i] for i in pen])
+    rows, cols = [], []  # (row, token) pairs to mask: stop ids of requests short of min_tokens
+    for i, stops in enumerate(banned):
+        rows += [i] * len(stops)
+        cols += stops
+    if rows:
+        x = x.clone() if x is logits else x
+        x[rows, cols] = float("-inf")
+    if grammar is not None and grammar[0]:  # the mask last: nothing may bring a banned token back
+        from nanoserve.structured.mask import apply_words
+
+        x = apply_words(x, *grammar)
+    return x
+
+
 def sample_requests(logits: torch.Tensor, requests: list[Request]) -> list[int]:
     """logits (B, V) float32, one row per request -> one token id per request.
 
@@ -166,33 +203,21 @@ def sample_requests(logits: torch.Tensor, requests: list[Request]) -> list[int]:
     or logprobs fields in use this is ``sample`` exactly, drawing the same random numbers.
     """
     params = [r.params for r in requests]
-    B, V = logits.shape
-    x = logits
-    pen = [i for i, sp in enumerate(params) if sp.penalised]
-    if pen:
-        x = x.clone()
-        x[pen] = apply_penalties(logits[pen], [requests[i].prompt_token_ids for i in pen],
-                                 [requests[i].output_token_ids for i in pen],
-                                 [params[i] for i in pen])
-    rows, cols = [], []  # (row, token) pairs to mask: stop ids of requests short of min_tokens
-    for i, r in enumerate(requests):
-        if len(r.output_token_ids) < r.min_tokens:
-            stops = {t for t in (*r.eos_token_ids, *r.stop_token_ids) if 0 <= t < V}
-            rows += [i] * len(stops)
-            cols += stops
-    if rows:
-        x = x.clone() if x is logits else x
-        x[rows, cols] = float("-inf")
+    V = logits.shape[1]
+    grammar = None
     constrained = [i for i, r in enumerate(requests) if getattr(r, "matcher", None) is not None]
-    if constrained:  # a grammar's mask first: nothing below may bring a banned token back
-        from nanoserve.structured.mask import apply
+    if constrained:
+        from nanoserve.structured.mask import fill
 
-        x = apply(x, constrained, [requests[i].matcher for i in constrained])
+        grammar = (constrained, fill([requests[i].matcher for i in constrained], V))
+    x = process_logits(logits, params, [r.prompt_token_ids for r in requests],
+                       [r.output_token_ids for r in requests],
+                       [banned_stops(r, len(r.output_token_ids), V) for r in requests], grammar)
     tokens = sample(x, params, [r.generator for r in requests])  # (B,)
     lp_rows = [i for i, sp in enumerate(params) if sp.logprobs is not None]
     if lp_rows:
-        entries = _token_logprobs(logits[lp_rows], tokens[lp_rows],
-                                  [params[i].logprobs for i in lp_rows])
+        entries = token_logprobs(logits[lp_rows], tokens[lp_rows],
+                                 [params[i].logprobs for i in lp_rows])
         for i, e in zip(lp_rows, entries, strict=True):
             requests[i].logprobs.append(e)
     return tokens.tolist()

@@ -7,7 +7,8 @@ have written. The parts, one file each:
 
 - ``proposer.py``: what a proposer is (``Proposer``) and the registry from
   ``speculative_config``'s ``method`` to its class;
-- ``ngram.py``: prompt lookup, vLLM's n-gram proposer;
+- ``ngram.py``: prompt lookup, vLLM's n-gram proposer (``backoff.py``: a policy that pauses
+  proposals for a request whose recent proposals were all rejected);
 - ``draft.py``: a smaller model proposing one token at a time, batched, over its own KV;
 - ``rejection.py``: the rejection sampler, greedy and Leviathan et al.'s rule, applying every
   sampling parameter to the target distribution exactly as a plain step does;

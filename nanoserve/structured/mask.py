@@ -46,8 +46,13 @@ def apply(logits: torch.Tensor, rows: list[int], matchers: list) -> torch.Tensor
     """``logits`` (B, V) with the disallowed tokens of ``rows`` at -inf (a copy if any)."""
     if not rows:
         return logits
+    return apply_words(logits, rows, fill(matchers, logits.shape[1]))
+
+
+def apply_words(logits: torch.Tensor, rows: list[int], words: torch.Tensor) -> torch.Tensor:
+    """``apply`` with the masks already filled: ``words`` (n, ceil(V / 32)), one per row of
+    ``rows`` (speculative decoding fills one per position, walking a matcher ahead)."""
     V = logits.shape[1]
-    words = fill(matchers, V)  # (n, ceil(V / 32))
     out = logits.clone()
     if out.device.type == "cpu" and out.dtype == torch.float32 and fused():
         torch.ops.nanoserve.apply_token_bitmask(out, torch.tensor(rows, dtype=torch.int64),

@@ -4,9 +4,10 @@ Why this module exists: an operator's dashboard built for vLLM should work on na
 changing one prefix. Two kinds of number live here:
 
 - **state** the engine already keeps (running, waiting, KV-cache usage, preemptions, the prefix
-  cache's queries, hits and evicted blocks) is read from the engine's ``snapshot()`` at scrape
-  time by a custom collector, so it can never drift from the truth: once the engine is idle,
-  running, waiting and ``kv_cache_usage_perc`` read 0;
+  cache's queries, hits and evicted blocks; with speculative decoding on, its drafts, draft
+  tokens and accepted tokens, overall and per position) is read from the engine's
+  ``snapshot()`` at scrape time by a custom collector, so it can never drift from the truth:
+  once the engine is idle, running, waiting and ``kv_cache_usage_perc`` read 0;
 - **events** only the server sees (tokens handed out, latencies, how requests ended) are counted
   as each engine request's deltas pass through ``RequestTracker``.
 
@@ -34,8 +35,9 @@ E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20
 class _EngineState(Collector):
     """Gauges and the preemption counter, read from the engine at every scrape."""
 
-    def __init__(self, engine, model_name: str):
+    def __init__(self, engine, model_name: str, num_spec_tokens: int = 0):
         self.engine, self.model_name = engine, model_name
+        self.num_spec_tokens = num_spec_tokens  # k when speculative decoding is on
 
     def collect(self):
         snap, labels = self.engine.snapshot(), [self.model_name]  # one reading per scrape
@@ -62,13 +64,37 @@ class _EngineState(Collector):
             c = CounterMetricFamily(P + name, doc, labels=["model_name"])
             c.add_metric(labels, float(value))
             yield c
+        if snap.spec_decode is not None:
+            yield from _spec_decode(snap.spec_decode, labels, self.num_spec_tokens)
+
+
+def _spec_decode(s, labels: list[str], num_spec_tokens: int):
+    """Speculative decoding's counters (Day 76), as vLLM's ``SpecDecodingProm`` names them; the
+    per-position counter has a ``position`` label, "0" to "k - 1", each present from the start
+    (vLLM's acceptance-rate vector is ``..._per_pos / ..._num_drafts``)."""
+    for name, doc, value in (
+            ("spec_decode_num_drafts", "Number of spec decoding drafts.", s.num_drafts),
+            ("spec_decode_num_draft_tokens", "Number of draft tokens.", s.num_draft_tokens),
+            ("spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+             s.num_accepted_tokens)):
+        c = CounterMetricFamily(P + name, doc, labels=["model_name"])
+        c.add_metric(labels, float(value))
+        yield c
+    c = CounterMetricFamily(P + "spec_decode_num_accepted_tokens_per_pos",
+                            "Accepted tokens per draft position.",
+                            labels=["model_name", "position"])
+    per_pos = s.accepted_per_pos
+    for pos in range(max(num_spec_tokens, len(per_pos))):
+        c.add_metric([*labels, str(pos)], float(per_pos[pos] if pos < len(per_pos) else 0))
+    yield c
 
 
 class ServerMetrics:
     def __init__(self, engine, model_name: str):
         self.registry = r = CollectorRegistry()
         self.model_name = model_name
-        r.register(_EngineState(engine, model_name))
+        proposer = getattr(getattr(engine, "core", None), "proposer", None)  # Day 76
+        r.register(_EngineState(engine, model_name, proposer.k if proposer is not None else 0))
         lbl = ["model_name"]
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prefilled prompt tokens.", lbl,
                                      registry=r).labels(model_name)
