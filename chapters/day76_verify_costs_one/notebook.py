@@ -120,5 +120,8 @@ print("tokens, num_computed_tokens, row length, blocks held")
 print("  before:", r["before"])
 print("  after: ", r["after"])
 print("emitted:", r["emitted"], " plain greedy:", r["plain"][:len(r["emitted"])])
-same, total = claims.identity()
+same, total, stats = claims.identity()
 print(f"greedy with n-gram speculation (k = 4) against without: {same} of {total} tokens equal")
+print(f"that run: {stats.num_drafts} verify steps with proposals, {stats.num_draft_tokens} "
+      f"proposals, {stats.num_accepted_tokens} accepted, by position {stats.accepted_per_pos}; "
+      f"mean acceptance length {stats.mean_acceptance_length:.2f}")
