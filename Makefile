@@ -118,7 +118,7 @@ $(LLAMACPP_STAMP):
 	  llama_cpp.__version__, llama_cpp.llama_print_system_info().decode())"
 	touch $@
 
-bench-peers: setup $(VLLM_STAMP) $(LLAMACPP_STAMP) ## the offline tables with vLLM's CPU build added, serving and prefix caching, then quantized decode against llama.cpp
+bench-peers: setup $(VLLM_STAMP) $(LLAMACPP_STAMP) ## the offline tables with vLLM's CPU build added, serving and prefix caching, quantized decode against llama.cpp, then speculative decoding
 	@$(call offline_tables,nanoserve$(comma)hf$(comma)hf-cb$(comma)vllm,-peers,--threads 1)
 	@echo "+ nanoserve bench serve-pair: nanoserve serve and vLLM's server on $(TINY), both up, alternating rounds"
 	$(PY) -m nanoserve.cli bench serve-pair --peer vllm --vllm-venv $(VLLM_VENV) $(SERVE_LOAD) \
@@ -130,6 +130,9 @@ bench-peers: setup $(VLLM_STAMP) $(LLAMACPP_STAMP) ## the offline tables with vL
 	@echo "+ nanoserve bench quant: bf16/w8a16/w4a16 decode against llama.cpp's BF16/Q8_0/Q4_0 on the same weights, 1 and 2 threads; the 8-row rows with vLLM"
 	$(PY) -m nanoserve.cli bench quant --threads 1,2 --rounds 3 --llamacpp-venv $(LLAMACPP_VENV) \
 	  --offline --vllm --vllm-venv $(VLLM_VENV) --out build/bench/quant-smollm2-135m.json
+	@echo "+ nanoserve bench spec: ngram against none (copy-heavy, no-repeat prompts), the verify step's cost on the random SmolLM2-135M shape, a draft model against its prediction, and vLLM with the same speculative_config; 1 and 2 threads"
+	$(PY) -m nanoserve.cli bench spec --threads 1,2 --rounds 3 --vllm --vllm-venv $(VLLM_VENV) \
+	  --out build/bench/spec.json
 
 stress: setup ## the long stress test: 200 requests through a cramped pool, with aborts
 	$(PY) -m nanoserve.cli bench stress --requests 200 --num-kv-blocks 20 --abort-rate 0.05 --seed 7

@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         schedbench,
         serve_pair,
         soak,
+        spec,
         stress,
         structured,
         tpbench,
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                                           "threads; a decode step's bytes and comm time"))
     quant.add_arguments(bsub.add_parser("quant", help="quantized decode vs bf16, the byte "
                                         "ceiling and llama.cpp on the same weights"))
+    spec.add_arguments(bsub.add_parser("spec", help="speculative decoding (ngram, a draft "
+                                       "model) against none, and against vLLM's"))
     structured.add_arguments(bsub.add_parser("structured", help="a grammar's cost per decode "
                                              "step and per request, against none"))
     args = ap.parse_args(argv)
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"sched": schedbench, "batch": batchbench, "stress": stress, "graph": graphbench,
                 "serve": serve_bench, "serve-pair": serve_pair, "soak": soak, "tp": tpbench,
                 "offline": offline, "structured": structured,
-                "quant": quant}[args.bench].main(args)
+                "quant": quant, "spec": spec}[args.bench].main(args)
     return _generate(args)
 
 

@@ -122,6 +122,13 @@ class VllmEngine:
         self.last_wall_s = msg["wall_s"]
         return msg["token_ids"]
 
+    def metrics(self) -> dict:
+        """vLLM's own counters now (``vllm_runner``'s ``metrics`` command); cumulative, so a
+        run's share is the difference of two calls."""
+        self.proc.stdin.write(json.dumps({"cmd": "metrics"}) + "\n")
+        self.proc.stdin.flush()
+        return self._wait("metrics", self.timeout)["metrics"]
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:

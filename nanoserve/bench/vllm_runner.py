@@ -10,6 +10,10 @@ venv's Python (``python vllm_runner.py CONFIG_JSON``) and talks to it in JSON li
 - for each ``{"cmd": "run", "prompts": [[ids]], "max_tokens": [n]}`` on stdin it runs one
   ``LLM.generate`` (token-id prompts, ``temperature=0``, ``ignore_eos=True``) and answers
   ``{"event": "result", "wall_s": ..., "token_ids": [[ids]]}``;
+- ``{"cmd": "metrics"}`` answers ``{"event": "metrics", "metrics": {name: value}}``: vLLM's own
+  counters from ``LLM.get_metrics()`` (a counter's value; a histogram's ``sum`` and ``count``),
+  which need ``disable_log_stats: false`` among the options (``bench spec`` reads the
+  speculative-decoding counters and the decode-time histogram from it);
 - ``{"cmd": "quit"}`` (or EOF) ends it.
 
 The protocol travels on the process's original stdout; everything vLLM prints is sent to stderr,
@@ -27,6 +31,24 @@ import time
 def _send(stream, obj) -> None:
     stream.write(json.dumps(obj) + "\n")
     stream.flush()
+
+
+def _metrics(llm) -> dict:
+    """vLLM's metrics as numbers: a counter or gauge by its value, a histogram as NAME:sum and
+    NAME:count, a vector (per-position counts) as a list; labels summed over."""
+    out: dict = {}
+    for m in llm.get_metrics():
+        if hasattr(m, "buckets") or hasattr(m, "sum") and hasattr(m, "count"):
+            out[f"{m.name}:sum"] = out.get(f"{m.name}:sum", 0.0) + float(m.sum)
+            out[f"{m.name}:count"] = out.get(f"{m.name}:count", 0) + int(m.count)
+        elif hasattr(m, "values"):
+            old = out.get(m.name, [])
+            old += [0] * (len(m.values) - len(old))
+            out[m.name] = [a + (m.values[i] if i < len(m.values) else 0)
+                           for i, a in enumerate(old)]
+        elif hasattr(m, "value"):
+            out[m.name] = out.get(m.name, 0) + m.value
+    return out
 
 
 def main() -> int:
@@ -57,6 +79,12 @@ def main() -> int:
         msg = json.loads(line)
         if msg.get("cmd") == "quit":
             break
+        if msg.get("cmd") == "metrics":
+            try:
+                _send(proto, {"event": "metrics", "metrics": _metrics(llm)})
+            except Exception as e:
+                _send(proto, {"event": "error", "error": f"{type(e).__name__}: {e}"})
+            continue
         try:
             params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=int(m),
                                      detokenize=False) for m in msg["max_tokens"]]
