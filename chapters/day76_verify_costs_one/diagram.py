@@ -7,8 +7,8 @@ verify step emits on average, ``expected_tokens(a, k)``, against the acceptance 
 k = 1, 2, 4 and 8, with the ceiling no k passes, ``1 / (1 - a)``. Right: the speed-up over
 plain decoding against k at a = 0.8: a free proposer (c = 0, n-gram lookup) and a draft model
 whose step costs a tenth of the target's (c = 0.1), each with a verify step that costs one
-target step; and the free proposer again where the verify step costs one step per decode
-forward of at most 8 entries (the layout of ``decode_forwards``). Nothing is timed here.
+target step; and the free proposer again where the verify step costs one step per pass of the
+small-M kernel, eight entries a pass. Nothing is timed here.
 """
 
 import pathlib
@@ -40,10 +40,10 @@ def draw_tokens(ax) -> None:
 
 def draw_speedup(ax, a: float = 0.8, cap: int = 8) -> None:
     ks = list(range(1, 17))
-    forwards = [-(-(1 + k) // cap) for k in ks]  # decode forwards of 1 + k entries
+    forwards = [-(-(1 + k) // cap) for k in ks]  # small-M passes over 1 + k entries
     curves = ((0.0, None, COLORS["compute"], "-", "n-gram, c = 0", None),
               (0.0, forwards, COLORS["waste"], "--",
-               f"n-gram, each forward of {cap} entries one step", (-62, 2)),
+               f"n-gram, each pass of {cap} entries one step", (-62, 2)),
               (0.1, None, COLORS["highlight"], "-", "draft, c = 0.1", (-48, -18)))
     for c, verify, color, ls, name, at in curves:
         ys = [speedup(a, k, c, v) for k, v in zip(ks, verify or [1.0] * len(ks), strict=True)]

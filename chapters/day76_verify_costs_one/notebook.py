@@ -71,16 +71,16 @@ print(f"request a: {plan['a_full']} full blocks computed, {plan['a_committed']} 
 # %% [markdown]
 # ## 3. A verify step as decode entries
 #
-# Each of a row's 1 + k tokens is a decode entry over the row's blocks at its own position. The
-# decode layer loop takes a bounded number of rows per call; more entries run as several
-# forwards. The snapshot's layout against what the engine's model was actually called with:
+# Each of a row's 1 + k tokens is a decode entry over the row's blocks at its own position, and
+# all of a step's entries go through one decode forward. The snapshot's layout against what the
+# engine's model was actually called with:
 
 # %%
 cap = claims.layer_loop_rows()
-print("rows the shipped model's decode layer loop takes here:", cap or "none (loop off)")
+print("rows a plain decode step hands the layer loop here:", cap or "none (loop off)")
 for k, batch in ((4, 1), (8, 1), (4, 8)):
     got = claims.verify_forwards(k, batch)
-    want = decode_forwards([(r, claims.CACHED, 1 + k) for r in range(batch)], cap or 10**6)
+    want = decode_forwards([(r, claims.CACHED, 1 + k) for r in range(batch)])
     print(f"{batch} row(s), k = {k}: forwards of {[len(f) for f in got]} entries; "
           f"positions as the snapshot lays them out: {got == [[p for _, p in f] for f in want]}")
 

@@ -16,9 +16,9 @@ draft model), so the speed-up over plain decoding is::
 
 **Layout.** Where the attention backend repeats rows, each of a row's 1 + k tokens is a decode
 *entry* of its own: the same row (its block table) at its own position, the row's cached length
-plus the token's offset. The decode layer loop takes at most ``cap`` rows, so more entries run
-as several decode forwards, in entry order: an entry's earlier positions are written by the
-time it reads them.
+plus the token's offset. All of them go through one decode forward (``cap`` splits them into
+forwards of at most that many, in entry order, the alternative the chapter weighs): an
+entry's earlier positions are written before it reads them.
 
 >>> expected_tokens(0.5, 1), expected_tokens(0.5, 3), expected_tokens(1.0, 4)
 (1.5, 1.875, 5.0)
@@ -26,8 +26,10 @@ time it reads them.
 (3.3616, 2.4011)
 >>> best_k(0.8, c=0.1)
 6
->>> decode_forwards([(3, 64, 9)], cap=8)
-[[(3, 64), (3, 65), (3, 66), (3, 67), (3, 68), (3, 69), (3, 70), (3, 71)], [(3, 72)]]
+>>> [len(f) for f in decode_forwards([(3, 64, 9)])], decode_forwards([(3, 64, 9)])[0][-1]
+([9], (3, 72))
+>>> [len(f) for f in decode_forwards([(3, 64, 9)], cap=8)]
+[8, 1]
 >>> kept_entries([2, 5], want=[1, 5])
 [1, 2, 3, 4, 5, 6]
 """
@@ -58,13 +60,17 @@ def best_k(a: float, c: float, verify: float = 1.0, k_max: int = K_MAX) -> int:
     return max(range(1, k_max + 1), key=lambda k: (speedup(a, k, c, verify), -k))
 
 
-def decode_forwards(rows: list[tuple[int, int, int]], cap: int) -> list[list[tuple[int, int]]]:
+def decode_forwards(rows: list[tuple[int, int, int]],
+                    cap: int | None = None) -> list[list[tuple[int, int]]]:
     """``rows``: (row, cached length, tokens scored) for each row of a verify step -> the
-    decode forwards that run it, each a list of (row, position) entries, at most ``cap`` to a
-    forward, in entry order (a row's tokens consecutive, rows in the order given)."""
-    if cap < 1:
+    decode forwards that run it, each a list of (row, position) entries in entry order (a
+    row's tokens consecutive, rows in the order given): one forward (``cap=None``, what the
+    engine does), or at most ``cap`` entries to a forward (the alternative the chapter
+    weighs)."""
+    if cap is not None and cap < 1:
         raise ValueError(f"cap={cap} must be >= 1")
     entries = [(row, length + j) for row, length, n in rows for j in range(n)]
+    cap = cap or len(entries)
     return [entries[i:i + cap] for i in range(0, len(entries), cap)]
 
 
