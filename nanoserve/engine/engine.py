@@ -182,8 +182,12 @@ class Engine:
         self._count(len(rows), len(entries), len(entries))
         ends = torch.tensor(lens).cumsum(0).tolist()
         keep = [i for e, w in zip(ends, want, strict=True) for i in range(e - w, e)]
-        return self.model.compute_logits(h if len(keep) == len(entries)
-                                         else h[torch.tensor(keep, device=h.device)])
+        h = h if len(keep) == len(entries) else h[torch.tensor(keep, device=h.device)]
+        # the head in pieces its small-M kernel takes (past them a large vocabulary's head
+        # leaves that kernel for one several times slower at these sizes)
+        cap = getattr(getattr(self.model.lm_head, "method", None), "rows", 0) or len(h)
+        return torch.cat([self.model.compute_logits(h[i:i + cap])
+                          for i in range(0, len(h), cap)])
 
     def _decode_entries(self, entries: list[int], tokens: list[int]) -> torch.Tensor:
         """One decode forward over ``entries`` (rows, a row once per token, in order) -> each
