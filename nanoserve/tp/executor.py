@@ -158,16 +158,17 @@ class TPEngine(Engine):
         # too: the first forward's journal starts from here.
         self.cache.take_journal()
 
-    def _announce(self, kind: int, rows, token_lists, hold=frozenset()) -> None:
+    def _announce(self, kind: int, rows, token_lists, hold=frozenset(), want=()) -> None:
         self.executor.send(protocol.Message(kind, list(rows), [list(t) for t in token_lists],
-                                            frozenset(hold), self.cache.take_journal()))
+                                            frozenset(hold), self.cache.take_journal(),
+                                            list(want)))
 
     def prefill(self, rows, token_lists):
         self._announce(protocol.PREFILL, rows, token_lists)
         return self._collective(super().prefill, rows, token_lists)
 
     def score(self, rows, token_lists, want):  # the workers run the same packed forward
-        self._announce(protocol.SCORE, rows, token_lists)
+        self._announce(protocol.SCORE, rows, token_lists, want=want)
         return self._collective(super().score, rows, token_lists, want)
 
     def decode(self, rows, tokens, hold=frozenset()):

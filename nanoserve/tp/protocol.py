@@ -4,9 +4,11 @@ Why this module exists: a worker needs exactly what rank 0's ``Engine`` is about
 the requests, the sampler or the logits. A message is a flat int64 list:
 
     [kind, B, nhold, journal_len, rows(B), lens(B), hold(nhold), journal(journal_len),
-     tokens(sum(lens))]
+     tokens(sum(lens)), want(B, SCORE only)]
 
-``kind`` is ``PREFILL``, ``DECODE``, ``SCORE`` (a verify step) or ``STOP``. It travels in a
+``kind`` is ``PREFILL``, ``DECODE``, ``SCORE`` (a verify step) or ``STOP``. A ``SCORE`` also
+carries how many positions' logits each row wants (``Engine.score``'s ``want``): the LM head's
+gather joins every rank's logits, so every rank must compute as many rows of them. It travels in a
 fixed ``HEADER`` of int64s whose first cell is the message's length: a decode step of up to a
 few hundred rows fits, so it costs one broadcast of ``HEADER * 8`` bytes; a longer message (a
 prompt's tokens) sends its tail in a second broadcast of exactly the rest. Per step, never per
@@ -15,7 +17,7 @@ token in Python.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,14 +32,18 @@ class Message:
     token_lists: list[list[int]]
     hold: frozenset[int]
     journal: list[int]
+    want: list[int] = field(default_factory=list)  # SCORE: logits wanted per row
 
 
 def encode(m: Message) -> list[int]:
     lens = [len(t) for t in m.token_lists]
     hold = sorted(m.hold)
     flat = [t for toks in m.token_lists for t in toks]
+    want = list(m.want) if m.kind == SCORE else []
+    if len(want) != (len(m.rows) if m.kind == SCORE else 0):
+        raise ValueError(f"a SCORE message wants one count per row: rows {m.rows}, want {want}")
     return [m.kind, len(m.rows), len(hold), len(m.journal), *m.rows, *lens, *hold, *m.journal,
-            *flat]
+            *flat, *want]
 
 
 def decode(ints: list[int]) -> Message:
@@ -51,7 +57,8 @@ def decode(ints: list[int]) -> Message:
     for n in lens:
         token_lists.append(ints[i:i + n])
         i += n
-    return Message(kind, rows, token_lists, hold, journal)
+    want = ints[i:i + B] if kind == SCORE else []
+    return Message(kind, rows, token_lists, hold, journal, want)
 
 
 def send(comm, m: Message) -> None:

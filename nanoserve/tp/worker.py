@@ -73,8 +73,8 @@ def serve(engine: Engine, comm: Comm) -> int:
             replay(engine.cache, m.journal)
             if m.kind == protocol.PREFILL:
                 engine.prefill(m.rows, m.token_lists)
-            elif m.kind == protocol.SCORE:  # packed whatever the policy; logits unused here
-                engine.score(m.rows, m.token_lists, [1] * len(m.rows))
+            elif m.kind == protocol.SCORE:  # packed whatever the policy; as many logits as
+                engine.score(m.rows, m.token_lists, m.want)  # rank 0's: the head gathers them
             else:
                 engine.decode(m.rows, [t for (t,) in m.token_lists], m.hold)
             n += 1
