@@ -73,8 +73,11 @@ PARTS = [
     (64, 68, "Scale and structure", "tensor parallelism and structured outputs"),
     (69, 71, "Many models",
      "model families beside Llama, sliding windows in a paged cache, parity without a hub"),
-    (72, 10**6, "Fewer bytes",
+    (72, 75, "Fewer bytes",
      "quantized weights: what they cost in bytes and error, GPTQ, an int4 kernel, the speed"),
+    (76, 10**6, "Guessing ahead",
+     "speculative decoding: proposals verified k at a time, a rejection sampler that changes "
+     "no distribution, n-gram against a draft model"),
 ]
 TITLE = re.compile(r"# Day (\d+): (.+)")
 LINK = re.compile(r"(\]\()([^)\s#]+)([^)\s]*)")  # ](target#anchor "title"  -> groups 1, 2, 3

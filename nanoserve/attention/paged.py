@@ -43,6 +43,7 @@ class StepLayout:
     packed_lens: list[int] | None = None  # packed: each row's new tokens, in order
     read_cells: torch.Tensor | None = None  # (B, S) cell per context position, where read
     read: Any = None  # what the backend planned for this step's read (its own metadata)
+    verify: bool = False  # a verify step's entries (``offsets``): a row may repeat (Day 76)
 
 
 class BatchedPagedKVCache:
@@ -201,7 +202,8 @@ class BatchedPagedKVCache:
         if packed:
             step = StepLayout("packed", write_cells=cells, packed_lens=list(num_new), **common)
         elif T == 1:
-            step = StepLayout("decode", write_cells=cells[:, None], **common)
+            step = StepLayout("decode", write_cells=cells[:, None], verify=offsets is not None,
+                              **common)
         else:  # the padded rectangle (Day 27): (B, T), -1 where a row has no token
             b_of = torch.repeat_interleave(torch.arange(B), torch.tensor(num_new)).to(dev)
             within = pos - torch.tensor(starts, device=dev)[b_of]
@@ -261,6 +263,13 @@ class BatchedPagedKVCache:
         """(block table (B, W), context lens (B,)) when the backend reads this decode step
         through the C++ kernel, else None: what ``decode_layers`` needs to run it itself."""
         return None if self._step is None else self.backend.kernel_decode(self._step)
+
+    @property
+    def verifying(self) -> bool:
+        """This step is a verify step's decode entries (Day 76): however many rows it has, the
+        fused layer loop takes them in one call, since one call reads each weight no more often
+        than several calls of fewer rows would."""
+        return self._step is not None and self._step.verify
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()

@@ -196,9 +196,7 @@ class EngineCore:
                                f"not released: hand-granted and scheduled rows never meet in "
                                f"one step")
         out = self.scheduler.schedule()
-        if self.proposer is not None:  # who left the running batch leaves the proposer too
-            for r in out.finished + out.preempted:
-                self.proposer.release(r)
+        self._release_proposals(out.finished + out.preempted)
         now = time.perf_counter()
         for r in out.finished:
             r.metrics.finished_time = now
@@ -228,6 +226,15 @@ class EngineCore:
                     and r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1]
         if decoding:
             self.proposer.propose(decoding)
+
+    def _release_proposals(self, requests: list[Request]) -> None:
+        """Requests that left the running batch (finished, aborted, failed, preempted): their
+        proposals go, and the proposer forgets them (a draft model's per-request state)."""
+        if self.proposer is None:
+            return
+        for r in requests:
+            r.spec_token_ids, r.spec_draft_probs = [], None
+            self.proposer.release(r)
 
     def _fail(self, requests: list[Request], error: Exception) -> list[RequestDelta]:
         """A forward raised: every request of that step that was still running ends with
@@ -345,7 +352,7 @@ class EngineCore:
     def release_finished(self) -> None:
         """Give back the blocks and slots of requests that finished in the last step: what the
         next ``step()`` would do first, for a driver that stops instead."""
-        self.scheduler.release_finished()
+        self._release_proposals(self.scheduler.release_finished())
 
     def close(self) -> None:
         """Stop what the engine runs outside this process (tensor-parallel workers)."""

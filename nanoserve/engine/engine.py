@@ -168,28 +168,26 @@ class Engine:
               want: list[int]) -> torch.Tensor:
         """A verify step's forward (Day 76): the logits of each row's last ``want[b]`` tokens,
         (sum(want), V). Where every row continues a cached row with a few tokens and the
-        backend repeats rows, it is a decode step over one entry per token (each proposal a
+        backend repeats rows, it is one decode step over one entry per token (each proposal a
         row of its own over the same blocks: the decode path, its kernels and its C++ layer
-        loop); otherwise one packed forward, whatever the prefill policy."""
+        loop, which takes a verify step's entries whatever their number); otherwise one packed
+        forward, whatever the prefill policy."""
         lens = [len(t) for t in token_lists]
         if not (self.cache.backend.repeats_rows and max(lens) <= VERIFY_AS_DECODE
                 and all(self.cache.lengths[r] for r in rows)):
             return self._forward_packed(rows, token_lists, want)
         entries = [r for r, n in zip(rows, lens, strict=True) for _ in range(n)]
         tokens = [t for toks in token_lists for t in toks]
-        # The C++ layer loop takes at most ``cap`` rows: more entries run as several decode
-        # forwards in entry order, so a proposal's earlier positions are always in the cache
-        # before it reads them (a later forward reads what an earlier one wrote).
-        weights = getattr(self.model, "decode_layer_weights", None)
-        cap = weights["rows"] if weights and weights["rows"] else len(entries)
-        hs = [self._decode_entries(entries[i:i + cap], tokens[i:i + cap])
-              for i in range(0, len(entries), cap)]
-        h = torch.cat(hs) if len(hs) > 1 else hs[0]  # (N, E)
+        h = self._decode_entries(entries, tokens)  # (N, E): one decode forward
         self._count(len(rows), len(entries), len(entries))
         ends = torch.tensor(lens).cumsum(0).tolist()
         keep = [i for e, w in zip(ends, want, strict=True) for i in range(e - w, e)]
-        return self.model.compute_logits(h if len(keep) == len(entries)
-                                         else h[torch.tensor(keep, device=h.device)])
+        h = h if len(keep) == len(entries) else h[torch.tensor(keep, device=h.device)]
+        # the head in pieces its small-M kernel takes (past them a large vocabulary's head
+        # leaves that kernel for one several times slower at these sizes)
+        cap = getattr(getattr(self.model.lm_head, "method", None), "rows", 0) or len(h)
+        return torch.cat([self.model.compute_logits(h[i:i + cap])
+                          for i in range(0, len(h), cap)])
 
     def _decode_entries(self, entries: list[int], tokens: list[int]) -> torch.Tensor:
         """One decode forward over ``entries`` (rows, a row once per token, in order) -> each

@@ -22,12 +22,12 @@ because a preemption opens holes halfway through a batch, and before admission b
 hole with a newcomer would still leave the survivor above it out of place.
 
 The same order spends the step's token budget (``max_num_batched_tokens``, Day 41): one token for
-every running decode, then its proposals (Day 76), then the prompt tokens of running prefills
-and newcomers, the last cut to what is left (``chunked_prefill``) or left waiting whole. A
-request's ``num_computed_tokens``
-advances when its tokens are scheduled (a verify step takes back its rejected proposals), and it
-emits nothing until its last chunk. The budget is always a number: unbounded (``math.inf``) for
-a bare scheduler, its config's for an engine's, its one rule ``config.engine.budget_problem``.
+every running decode, then its proposals (Day 76), then the prompt tokens of running prefills and
+newcomers, the last cut to what is left (``chunked_prefill``) or left waiting whole. A request's
+``num_computed_tokens`` advances when its tokens are scheduled (a verify step takes back its
+rejected proposals); it emits nothing until its last chunk. The budget is always a number:
+unbounded (``math.inf``) for a bare scheduler, its config's for an engine's, its one rule
+``config.engine.budget_problem``.
 
 Admission needs a *slot* (a row of the batched cache, lowest free first) and *KV blocks*
 (``blocked_on_slots`` and ``blocked_on_blocks`` count which ran out). The blocks come from the
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -81,8 +81,7 @@ class Scheduler:
         self.chunked_prefill = chunked_prefill and max_num_batched_tokens is not None
         self.allocation = allocation
         self.on_release = on_release
-        # Day 58: "free" leaves every request in its row; "persistent" keeps rows 0..n-1 full.
-        # The engine puts its cache-row relabel in compactor.on_move, next to on_release.
+        # Day 58: "free" leaves every request in its row; "persistent" keeps rows 0..n-1 full
         self.compact_rows = compact_rows
         self.compactor = RowCompactor("persistent" if compact_rows else "free", on_move)
         self.waiting: deque[Request] = deque()
@@ -328,8 +327,8 @@ class Scheduler:
         self.finished_total += 1
 
     def release_finished(self) -> list[Request]:
-        """What ``schedule()`` does first (finished and aborted requests give back blocks and
-        slots), for an engine that stops and so runs no next step."""
+        """``schedule()``'s first move (the finished and aborted give back blocks and slots),
+        for an engine that stops and so runs no next step; returns them."""
         return self._release_finished()
 
     def _release_finished(self) -> list[Request]:  # a policy may hold the finished longer
@@ -387,11 +386,12 @@ class Scheduler:
         return self.kv_cache_manager.reservation_waste(self.running)
 
     def check_invariants(self) -> None:
-        """Every block is either free or held by exactly one running request; slots likewise."""
+        """Each block free or held (by one running request, or shared by prefix-cache hits)."""
         kv = self.kv_cache_manager
         kv.check_invariants()
-        held = [b for r in self.running for b in r.blocks[r.num_null_blocks:]]
-        assert len(held) == len(set(held)) == kv.num_held, "blocks out of balance"
+        held = Counter(b for r in self.running for b in r.blocks[r.num_null_blocks:])
+        assert len(held) == kv.num_held, "blocks out of balance"
+        assert kv.pool.caching or set(held.values()) <= {1}, "two requests hold one block"
         slots = [r.slot for r in self.running]
         assert len(set(slots)) == len(slots), "two running requests share a slot"
         assert sorted(slots + self._free_slots) == list(range(self.max_num_seqs)), "slot lost"
