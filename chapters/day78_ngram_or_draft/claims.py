@@ -51,8 +51,9 @@ DRAFT_WORKLOADS = ("train", "norepeat")  # the draft is slow here: two make its 
 NG = f"n-gram (k {K}, lookup {LOOKUP[0]} to {LOOKUP[1]})"
 DR = f"{DRAFT_LAYERS}-layer draft (k {K})"
 SMALL_C = 0.05  # an input: a draft a twentieth of the target's weights
-COMMAND = ("nanoserve bench spec --threads 1,2 --dtype float32 --k 4 --lookups 5:5,2:5 "
-           "--draft-layers 1 --vllm --vllm-venv .venv-vllm --out build/bench/spec.json")
+COMMAND = ("nanoserve bench spec --threads 1,2 --rounds 3 --vllm --vllm-venv .venv-vllm "
+           "--out build/bench/spec.json (make bench-peers; its defaults: float32, --k 4, "
+           "--lookups 5:5,2:5, --batch 8, --draft-layers 1)")
 
 
 # ------------------------------------------------------------------ workloads and runs
