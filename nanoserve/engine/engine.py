@@ -192,8 +192,10 @@ class Engine:
     def _decode_entries(self, entries: list[int], tokens: list[int]) -> torch.Tensor:
         """One decode forward over ``entries`` (rows, a row once per token, in order) -> each
         entry's final hidden state (n, E)."""
-        seen: dict[int, int] = {}
-        offsets = [seen.__setitem__(r, seen.get(r, -1) + 1) or seen[r] for r in entries]
+        offsets, seen = [], {}  # each entry's place among its row's entries: 0, 1, ..
+        for r in entries:
+            seen[r] = seen.get(r, -1) + 1
+            offsets.append(seen[r])
         ids = torch.tensor(tokens)[:, None]  # (n, 1)
         pos = torch.tensor([self.cache.lengths[r] + j
                             for r, j in zip(entries, offsets, strict=True)])[:, None]  # (n, 1)
