@@ -119,9 +119,11 @@ async def lifespan(app: FastAPI):
 
 
 def build_app(engine, served_model_name: str, api_key: str | None = None,
-              chat_template: str | None = None, max_body_bytes: int = 4 << 20) -> FastAPI:
+              chat_template: str | None = None, max_body_bytes: int = 4 << 20,
+              **tooling) -> FastAPI:
     """The HTTP API over ``engine`` (an ``AsyncLLM``); its lifespan starts and warms the
-    engine, and shuts it down (aborting what is left after ``app.state.drain_timeout``)."""
+    engine, and shuts it down (aborting what is left after ``app.state.drain_timeout``).
+    ``tooling``: ``enable_auto_tool_choice``, ``tool_call_parser``, ``reasoning_parser``."""
     app = FastAPI(title="nanoserve", version=package_version("nanoserve"), lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ready = False
@@ -129,7 +131,7 @@ def build_app(engine, served_model_name: str, api_key: str | None = None,
     app.state.drain_timeout = 5.0
     app.state.serving = ctx = ServingContext.build(
         engine, served_model_name, app.state, api_key=api_key, chat_template=chat_template,
-        max_body_bytes=max_body_bytes)
+        max_body_bytes=max_body_bytes, **tooling)
     app.state.metrics = ctx.metrics
     app.state.engine = engine
     add_exception_handlers(app)

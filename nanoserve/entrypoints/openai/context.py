@@ -34,11 +34,17 @@ class ServingContext:
     # generation_config.json's sampling defaults, by SamplingParams' names: a request's unset
     # field takes them (vLLM's --generation-config auto)
     sampling_defaults: dict
+    # Day 79-80: tool calling and reasoning (serve's --enable-auto-tool-choice,
+    # --tool-call-parser and --reasoning-parser; names from the registries)
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     @classmethod
     def build(cls, engine, served_model_name: str, state, api_key: str | None = None,
-              chat_template: str | None = None, max_body_bytes: int = 4 << 20
-              ) -> ServingContext:
+              chat_template: str | None = None, max_body_bytes: int = 4 << 20,
+              enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
+              reasoning_parser: str | None = None) -> ServingContext:
         tokenizer = engine.tokenizer
         if tokenizer is not None and chat_template is not None:
             tokenizer = copy.copy(tokenizer)  # the override applies to this app only
@@ -47,7 +53,9 @@ class ServingContext:
                    render=Render(tokenizer), metrics=ServerMetrics(engine, served_model_name),
                    max_model_len=engine.max_model_len, vocab_size=engine.vocab_size,
                    max_body_bytes=max_body_bytes, api_key=api_key, state=state,
-                   sampling_defaults=dict(getattr(engine, "generation_defaults", {})))
+                   sampling_defaults=dict(getattr(engine, "generation_defaults", {})),
+                   enable_auto_tool_choice=enable_auto_tool_choice,
+                   tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
 
 
 def serving(request: Request) -> ServingContext:

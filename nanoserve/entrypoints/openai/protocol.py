@@ -29,7 +29,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
-    continuous_usage_stats: bool = False  # accepted, ignored
+    continuous_usage_stats: bool = False  # vLLM: every chunk carries the usage so far
 
 
 class _Sampling(_Strict):
@@ -59,12 +59,18 @@ class _Sampling(_Strict):
     # them into a StructuredOutputsParams.
     response_format: dict | None = None
     structured_outputs: dict | None = None
+    # {"token id": bias in [-100, 100]}, added to the logits before sampling (OpenAI's keys are
+    # strings); sampling.params checks the ids against the vocabulary
+    logit_bias: dict[str, float] | None = None
+    prompt_logprobs: int | None = Field(None, ge=-1, le=20)  # vLLM: -1 = the whole vocabulary
 
 
 class CompletionRequest(_Sampling):
+    unsupported: ClassVar[dict[str, tuple]]  # set below UNSUPPORTED
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(None, ge=1)  # None: vLLM's default of 16
     logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False  # the prompt's text (and, with logprobs, its logprobs) before the output
 
 
 class TextPart(_Strict):
@@ -72,33 +78,79 @@ class TextPart(_Strict):
     text: str | None = None
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(_Strict):
+    """One call an assistant made: in a response, and in the history a client sends back."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None  # required; null only for an assistant
+    content: str | list[TextPart] | None = None  # null (or absent) only for an assistant
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    reasoning: str | None = None  # an assistant's thinking (vLLM's new name) ...
+    reasoning_content: str | None = None  # ... and its old one; both are read
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None
+
+
+class ToolDefinition(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_Sampling):
+    unsupported: ClassVar[dict[str, tuple]]  # set below UNSUPPORTED
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True  # vLLM extension
+    tools: list[ToolDefinition] | None = None
+    # None: "auto" when tools are given, else "none" (OpenAI's rule)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True  # False: at most one call
+    chat_template_kwargs: dict | None = None  # extra variables for the template
 
 
 # field -> the values that mean "not used"; anything else is a 400 naming the field. One list
 # for both endpoints: a client that sends tools to /v1/completions expects them to work too.
 _OFF = (None, False, [], {}, "")
 UNSUPPORTED: dict[str, tuple] = {
-    "tools": _OFF, "tool_choice": (*_OFF, "none"), "functions": _OFF,
-    "function_call": (*_OFF, "none"), "parallel_tool_calls": _OFF,
-    "logit_bias": _OFF, "suffix": _OFF,
-    "echo": _OFF, "best_of": (*_OFF, 1), "audio": _OFF, "modalities": (*_OFF, ["text"]),
+    "functions": _OFF, "function_call": (*_OFF, "none"), "suffix": _OFF,
+    "best_of": (*_OFF, 1), "audio": _OFF, "modalities": (*_OFF, ["text"]),
     "prediction": _OFF, "web_search_options": _OFF, "prompt_cache_key": _OFF,
     "cache_salt": _OFF, "guided_json": _OFF, "guided_regex": _OFF, "guided_choice": _OFF,
     "guided_grammar": _OFF,
 }
+# tools belong to chat: sent to /v1/completions they are a 400 naming the field (vLLM's answer)
+CompletionRequest.unsupported = {**UNSUPPORTED, "tools": _OFF,
+                                 "tool_choice": (*_OFF, "none"), "parallel_tool_calls": _OFF}
+ChatCompletionRequest.unsupported = {**UNSUPPORTED, "echo": _OFF}
 
 
 def unsupported_field(body: dict, table: dict[str, tuple] = UNSUPPORTED) -> str | None:
@@ -210,6 +262,9 @@ class ChatLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning: str | None = None  # the text inside <think>...</think>, with --reasoning-parser
+    reasoning_content: str | None = None  # the same text under vLLM's older name
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -231,9 +286,27 @@ class ChatCompletionResponse(BaseModel):
     prompt_token_ids: list[int] | None = None
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A piece of one call in a stream: the first carries ``id``, ``type`` and the name with
+    empty arguments; the rest carry only the ``index`` and a fragment of the arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 
 from nanoserve.config import EngineConfig
+from nanoserve.entrypoints.openai.reasoning import REASONING_PARSERS
+from nanoserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
 log = logging.getLogger("nanoserve.serve")
 
@@ -48,6 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--chat-template", default=None, metavar="FILE",
                    help="a jinja2 chat template, for checkpoints without one "
                         "(default: the checkpoint's)")
+    s.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let the model decide to call a tool (tool_choice "auto"); needs '
+                        '--tool-call-parser')
+    s.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                   help="the format the model writes its tool calls in (vLLM's names)")
+    s.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+                   help="split <think>...</think> into the message's reasoning field")
     s.add_argument("--max-body-bytes", type=int, default=4 << 20,
                    help="the largest request body accepted, 413 above it "
                         "(default: 4 MiB)")
@@ -104,6 +113,10 @@ def main(args: argparse.Namespace) -> int:
             print(f"nanoserve serve: error: {name} must be >= {low}, got {value}",
                   file=sys.stderr)
             return 2
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        print("nanoserve serve: error: --enable-auto-tool-choice needs --tool-call-parser "
+              f"({', '.join(sorted(TOOL_PARSERS))})", file=sys.stderr)
+        return 2
     template = None
     if args.chat_template is not None:
         path = Path(args.chat_template)
@@ -136,7 +149,10 @@ def main(args: argparse.Namespace) -> int:
         log.info("decode windows: %s", snap.decode_windows)
     name = args.served_model_name or config.model.resolve().name
     app = build_app(engine, name, api_key=args.api_key, chat_template=template,
-                    max_body_bytes=args.max_body_bytes)
+                    max_body_bytes=args.max_body_bytes,
+                    enable_auto_tool_choice=args.enable_auto_tool_choice,
+                    tool_call_parser=args.tool_call_parser,
+                    reasoning_parser=args.reasoning_parser)
     server = make_server(app, engine, args.host, args.port, args.drain_timeout,
                          args.log_level)
     server.run()
