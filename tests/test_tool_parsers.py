@@ -194,12 +194,15 @@ def test_held_is_the_tail_that_could_become_the_marker():
 @pytest.mark.parametrize("name", sorted(TOOL_PARSERS))
 def test_every_truncation_reads_the_same_however_cut_and_raises_nothing(name):
     """A response can stop anywhere (max_tokens): each prefix of each case must stream the same
-    whichever way it is cut; a stream that sent no call agrees with ``extract``."""
+    whichever way it is cut; a stream that sent no call agrees with ``extract``; a response
+    read as no call is its own content, every character kept."""
     for case in (c for c in CASES if c.parser == name):
         for n in range(len(case.text) + 1):
             text = case.text[:n]
             one = stream(name, text, list(range(1, n)))[:2]
             assert stream(name, text, [n // 2])[:2] == one, (case.id, n)
             got = parser(name).extract(text)
+            if not got.calls:
+                assert got.content == (text or None), (case.id, n)
             if not one[0]:
                 assert (got.calls, got.content) == ([], one[1]), (case.id, n)

@@ -40,6 +40,7 @@ import string
 
 from nanoserve.entrypoints.openai.tool_parsers.base import random_id
 from nanoserve.entrypoints.openai.tool_parsers.call_reader import (
+    BROKEN,
     DONE,
     WAIT,
     ObjectCallReader,
@@ -83,8 +84,9 @@ class MistralToolParser(StreamingToolParser):
                 return False
             if kind == DONE:
                 self.buf, self.state = buf[at:], self.after
-                return True
-            return self._broken()
+            elif kind == BROKEN:
+                return self._broken()
+            return True                # FAILED: the rest is content (``stopped``)
         if state == "sep":             # after an array item: "," and the next, or "]"
             j = skip_ws(buf, 0)
             if j < len(buf) and buf[j] == ",":
