@@ -6,12 +6,12 @@ Servers, each the shipped model in float32 on a real uvicorn (``server_fixture.p
   need none: the grammar makes the call, so every tool of ``tool_schemas.TOOLS`` is called both
   ways, whole and streamed, and the arguments validate with ``jsonschema``; the refusals;
   ``"auto"`` refused with vLLM's message;
-- ``hermes``: ``--enable-auto-tool-choice --tool-call-parser hermes``. The tiny model never
-  writes ``<tool_call>`` by itself, so a ``structured_outputs`` regex makes it write Hermes'
-  format (a well-formed call, two calls, broken JSON, an unknown function) and the parser must
-  read it: calls, or plain content when the text is not a call;
-- ``thinker``: ``--reasoning-parser qwen3``: a regex writes ``<think>...</think>answer``, and a
-  forced call may think first.
+- ``hermes``: ``--enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3``.
+  The tiny model never writes ``<tool_call>`` by itself, so a ``structured_outputs`` regex makes
+  it write Hermes' format (a well-formed call, two calls, broken JSON, an unknown function) and
+  the parser must read it: calls, or plain content when the text is not a call. A regex writes
+  ``<think>...</think>answer`` too, and ``<think>...</think>`` before a call (which a
+  ``<tool_call>`` inside the thinking must not become); a forced call may think first.
 
 And ``nanoserve serve --enable-auto-tool-choice --tool-call-parser hermes`` as a child process,
 answering a named tool_choice. A stream joined always equals the whole response (ids aside).
@@ -56,12 +56,8 @@ def plain():
 
 @pytest.fixture(scope="module")
 def hermes():
-    yield from serve(enable_auto_tool_choice=True, tool_call_parser="hermes")
-
-
-@pytest.fixture(scope="module")
-def thinker():
-    yield from serve(reasoning_parser="qwen3")
+    yield from serve(enable_auto_tool_choice=True, tool_call_parser="hermes",
+                     reasoning_parser="qwen3")
 
 
 def both(server, **kw) -> tuple[dict, dict]:
@@ -222,24 +218,33 @@ def test_the_cli_serves_a_named_choice():
 
 # ---------------------------------------------------------------------------- reasoning
 
-def test_reasoning_is_split_from_the_answer(thinker):
-    got, streamed = both(thinker, **regex(r"<think>(let me see|hmm)</think>(yes|no)"))
+def test_reasoning_is_split_from_the_answer(hermes):
+    got, streamed = both(hermes, **regex(r"<think>(let me see|hmm)</think>(yes|no)"))
     assert got == streamed
     assert got["reasoning"] in ("let me see", "hmm")
     assert got["reasoning_content"] == got["reasoning"]
     assert got["content"] in ("yes", "no") and got["finish_reason"] == "stop"
 
 
-def test_a_forced_call_may_think_first(thinker):
+def test_tool_calls_are_read_only_after_the_thinking(hermes):
+    got, streamed = both(hermes, tools=TOOLS, **regex(
+        r"<think>maybe <tool_call>no</think>" + HERMES_CALL))
+    assert got == streamed
+    assert got["reasoning"] == got["reasoning_content"] == "maybe <tool_call>no"
+    assert got["content"] is None and got["finish_reason"] == "tool_calls"
+    assert [n for n, _ in got["calls"]] == ["get_weather"]
+
+
+def test_a_forced_call_may_think_first(hermes):
     """The forced call's grammar opens with room to think (qwen3: an optional <think>...</think>);
     whatever the model wrote there is reasoning, and the call after it is read and valid."""
-    got, streamed = both(thinker, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    got, streamed = both(hermes, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     assert got == streamed and got["finish_reason"] == "tool_calls"
     assert got["content"] is None
     assert got["reasoning"] == got["reasoning_content"]  # the thinking, possibly none
     ((name, arguments),) = got["calls"]
     assert valid(name, arguments), (name, arguments)
-    got, streamed = both(thinker, tools=TOOLS, tool_choice=named("book_flight"))
+    got, streamed = both(hermes, tools=TOOLS, tool_choice=named("book_flight"))
     assert got == streamed and got["finish_reason"] == "tool_calls" and got["content"] is None
     ((name, arguments),) = got["calls"]
     assert name == "book_flight" and valid(name, arguments), arguments

@@ -117,8 +117,9 @@ async def check_schema(ctx: ServingContext, k: int, tool: dict) -> None:
     try:
         spec = StructuredOutputsParams(json=params, strict=True)
         await asyncio.to_thread(ctx.engine.check_grammar, spec)
-    except (InvalidRequest, ValueError) as e:
-        raise ApiError(400, f"{where} is not a valid JSON schema: {e}", "tools") from None
+    except (InvalidRequest, ValueError) as e:  # the backend's words, less its field's name
+        why = str(e).removeprefix("structured_outputs: ")
+        raise ApiError(400, f"{where} is not a valid JSON schema: {why}", "tools") from None
 
 
 def think_markers(ctx: ServingContext) -> tuple[str, str, bool] | None:
