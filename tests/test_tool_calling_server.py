@@ -108,6 +108,34 @@ def test_required_chooses_among_all_eight_and_every_call_validates(plain):
     assert call.function.name in NAMES and valid(call.function.name, call.function.arguments)
 
 
+def test_a_call_cut_by_length_is_content(plain):
+    """Whole, a call ``max_tokens`` cut short is no call: its text is content and the reason
+    stays "length". A stream cannot take back the call it opened at the ``{`` (tool_parsers/
+    forced.py says so), so there the call stays open, its arguments that same text."""
+    got, streamed = both(plain, tools=TOOLS, tool_choice=named("book_flight"),
+                         max_completion_tokens=5)
+    assert got["finish_reason"] == streamed["finish_reason"] == "length"
+    assert got["calls"] == [] and got["content"].startswith("{")
+    assert streamed["content"] is None and streamed["calls"] == [("book_flight", got["content"])]
+
+
+def test_logprobs_and_token_ids_ride_with_the_call(plain):
+    """Each engine delta's logprobs and token ids go out on its own chunk, even while the
+    parser holds its text back: joined, they are the whole response's, for each of n=2."""
+    kw = dict(model=NAME, messages=MESSAGES, tools=TOOLS, tool_choice=named("set_alarm"),
+              logprobs=True, n=2, extra_body={"return_token_ids": True}, **GREEDY)
+    r = plain.client.chat.completions.create(**kw)
+    chunks = list(plain.client.chat.completions.create(stream=True, **kw))
+    for c in r.choices:
+        mine = [ch for ch in chunks if ch.choices and ch.choices[0].index == c.index]
+        ids = [t for ch in mine for t in (getattr(ch.choices[0], "token_ids", None) or [])]
+        lps = [lp.token for ch in mine if ch.choices[0].logprobs
+               for lp in ch.choices[0].logprobs.content]
+        assert ids == c.token_ids and lps == [lp.token for lp in c.logprobs.content]
+        assert len(ids) == r.usage.completion_tokens // 2
+        assert joined(mine) == whole(c) and c.message.tool_calls[0].function.name == "set_alarm"
+
+
 def test_none_answers_in_text(plain):
     got, streamed = both(plain, tools=TOOLS, tool_choice="none", max_completion_tokens=8)
     assert got == streamed
