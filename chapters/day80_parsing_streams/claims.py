@@ -14,6 +14,7 @@ through the same test to show it can fail.
 from __future__ import annotations
 
 import functools
+import json
 import re
 
 from chapters.runner import exact
@@ -39,9 +40,12 @@ def expected(case: cp.Case, reading: st.Reading) -> bool:
 def tool_run(fmt: str) -> dict:
     """Every case of ``fmt`` through the package, whole and in every cut."""
     parser = st.PackageTools(fmt, cp.TOOLS)
-    out = {"streams": 0, "differ": 0, "violations": 0, "exceptions": 0, "ids": [],
-           "held": 0, "as_expected": 0, "content": {k: 0 for k in cp.MALFORMED}}
+    out = {"streams": 0, "violations": 0, "exceptions": 0, "ids": [], "held": 0,
+           "as_expected": 0, "content": {k: 0 for k in cp.MALFORMED},
+           "differ": {"valid": 0, "malformed": 0}, "tried": {"valid": 0, "malformed": 0},
+           "unknown_called": 0, "unknown_streams": 0, "broken_calls": 0, "broken_parse": 0}
     for case in cp.FORMATS[fmt]:
+        side = "malformed" if case.kind in cp.MALFORMED else "valid"
         try:
             whole, ids = parser.whole(case.text)
         except Exception:  # noqa: BLE001 - a parser that throws has failed; count it
@@ -50,7 +54,7 @@ def tool_run(fmt: str) -> dict:
         out["ids"] += ids
         good = expected(case, whole)
         out["as_expected"] += good
-        if case.kind in cp.MALFORMED:
+        if side == "malformed":
             out["content"][case.kind] += good
         for pieces in st.cuts(case.text):
             out["streams"] += 1
@@ -59,18 +63,39 @@ def tool_run(fmt: str) -> dict:
             except Exception:  # noqa: BLE001
                 out["exceptions"] += 1
                 continue
-            out["differ"] += s.reading != whole
+            out["tried"][side] += 1
+            out["differ"][side] += s.reading != whole
             out["violations"] += s.violations
             out["ids"] += s.ids
+            if side == "malformed":
+                for _, arguments in s.reading.calls:
+                    out["broken_calls"] += 1
+                    out["broken_parse"] += parses(arguments)
+            if case.kind == "unknown name":
+                out["unknown_streams"] += 1
+                out["unknown_called"] += bool(s.reading.calls)
             if case.kind == "text":
                 out["held"] = max(out["held"], s.held)
     return out
+
+
+def parses(arguments: str) -> bool:
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return False
+    return True
 
 
 def cases(fmt: str) -> str:
     kinds = [c.kind for c in cp.FORMATS[fmt]]
     valid = sum(k in ("text", "call") for k in kinds)
     return f"{valid} and {len(kinds) - valid}"
+
+
+def differ(fmt: str, side: str) -> str:
+    r = tool_run(fmt)
+    return f"{r['differ'][side]:,} of {r['tried'][side]:,}"
 
 
 def malformed(kind: str) -> str:
@@ -80,7 +105,12 @@ def malformed(kind: str) -> str:
 
 def ids_of(fmts: tuple[str, ...], pattern: str) -> str:
     ids = [i for f in fmts for i in tool_run(f)["ids"]]
-    return f"{sum(bool(re.fullmatch(pattern, i)) for i in ids)} of {len(ids)}"
+    return f"{sum(bool(re.fullmatch(pattern, i)) for i in ids):,} of {len(ids):,}"
+
+
+def unknown_called() -> str:
+    return of(tuple(sum(tool_run(f)[k] for f in FORMATS)
+                    for k in ("unknown_called", "unknown_streams")))
 
 
 # ---------------------------------------------------------------- the snapshot
@@ -101,27 +131,39 @@ def hermes_agreement() -> tuple[int, int]:
 
 
 class HoldsNothing(snap_hermes.HermesStream):
-    """A reader that sends text on at once unless a whole ``<tool_call>`` is open: it reads the
-    marker only when a single delta completes it."""
+    """The snapshot's reader, but text goes out at once unless a whole ``<tool_call>`` is
+    there: it sees the marker only when one delta completes it."""
 
-    def feed(self, delta: str) -> snap_hermes.Delta:
-        out = super().feed(delta)
-        if snap_hermes.START not in self.buf:
-            out.content, self.buf = out.content + self.buf, ""
+    def _drain(self, final: bool) -> snap_hermes.Delta:
+        out = super()._drain(final)
+        if self.state == "text":
+            self._text(self.buf)
+            self.buf = ""
         return out
 
 
 @functools.cache
-def snapshot_run(stream_cls=None) -> tuple[int, int]:
-    """(streams that differ from the whole reading, streams) for a snapshot-shaped reader."""
-    snap = st.SnapshotHermes(cp.NAMES, stream_cls)
-    differ = total = 0
+def snapshot_run(stream_cls=None, early: bool = True) -> tuple[int, int]:
+    """(streams that differ from the whole reading, streams) for a snapshot-shaped reader over
+    the whole Hermes corpus."""
+    snap = st.SnapshotHermes(cp.NAMES, stream_cls, early)
+    differ_ = total = 0
     for case in cp.HERMES:
         whole = snap.whole(case.text)[0]
         for pieces in st.cuts(case.text):
             total += 1
-            differ += snap.stream(pieces).reading != whole
-    return differ, total
+            differ_ += snap.stream(pieces).reading != whole
+    return differ_, total
+
+
+def mean_wait(reader) -> float:
+    waits = [w for c in cp.HERMES if c.kind == "call" for w in st.argument_waits(reader, c.text)]
+    return sum(waits) / len(waits)
+
+
+def waits() -> str:
+    early, held = (mean_wait(st.SnapshotHermes(cp.NAMES, early=e)) for e in (True, False))
+    return f"{early:.1f} and {held:.1f}"
 
 
 # ---------------------------------------------------------------- reasoning
@@ -161,7 +203,7 @@ def read_differently() -> str:
 
 
 def of(pair: tuple[int, int]) -> str:
-    return f"{pair[0]} of {pair[1]}"
+    return f"{pair[0]:,} of {pair[1]:,}"
 
 
 CLAIMS = [
@@ -169,12 +211,18 @@ CLAIMS = [
       for f in FORMATS),
     *(exact(f"{f}: streams tried, every split point and one character at a time",
             lambda f=f: f"{tool_run(f)['streams']:,}") for f in FORMATS),
-    *(exact(f"{f}: streams whose joined deltas differ from the whole reading",
-            lambda f=f: tool_run(f)["differ"]) for f in FORMATS),
     *(exact(f"{f}: whole readings as the case's class says",
             lambda f=f: f"{tool_run(f)['as_expected']} of {len(cp.FORMATS[f])}") for f in FORMATS),
-    *(exact(f"{k}: cases that came back as their whole text, all three formats",
+    *(exact(f"{f}: streams of the valid cases that differ from the whole reading",
+            functools.partial(differ, f, "valid")) for f in FORMATS),
+    *(exact(f"{f}: streams of the malformed cases that differ from the whole reading",
+            functools.partial(differ, f, "malformed")) for f in FORMATS),
+    *(exact(f"{k}: whole readings that give the whole text back as content, three formats",
             functools.partial(malformed, k)) for k in cp.MALFORMED),
+    exact("unknown name: streams that sent a call", unknown_called),
+    exact("malformed cases' streams: calls sent, and of them arguments that json.loads reads",
+          lambda: "{:,} and {:,}".format(*(sum(tool_run(f)[k] for f in FORMATS)
+                                           for k in ("broken_calls", "broken_parse")))),
     exact("exceptions raised by the three tool parsers, whole and streamed",
           lambda: sum(tool_run(f)["exceptions"] for f in FORMATS)),
     exact("deltas out of OpenAI's shape, all streams of the three formats",
@@ -189,13 +237,15 @@ CLAIMS = [
           lambda: tool_run("mistral")["held"]),
     exact("the package's hermes parser equal to the snapshot, whole readings and streams",
           lambda: of(hermes_agreement())),
-    exact("the snapshot's streams that differ from its whole reading",
-          lambda: snapshot_run()[0]),
+    exact("the snapshot run with early=False: streams that differ from the whole reading",
+          lambda: of(snapshot_run(early=False))),
+    exact("hermes call cases fed one character at a time: characters an argument character "
+          "waits on average, early and not", waits),
     exact("a reader that holds nothing back: streams that differ from its whole reading",
           lambda: of(snapshot_run(HoldsNothing))),
-    *(exact(f"{n}: streams whose reasoning and content differ from the whole split, of "
-            "every cut", lambda n=n: of((reasoning_run(n)["differ"],
-                                        reasoning_run(n)["streams"]))) for n in REASONING),
+    *(exact(f"{n}: streams whose reasoning and content differ from the whole split",
+            lambda n=n: of((reasoning_run(n)["differ"], reasoning_run(n)["streams"])))
+      for n in REASONING),
     *(exact(f"{n}: equal to the snapshot's think splitter, whole splits and streams",
             lambda n=n: of((reasoning_run(n)["snapshot"], reasoning_run(n)["total"])))
       for n in REASONING),

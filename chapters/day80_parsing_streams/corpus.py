@@ -63,6 +63,7 @@ HERMES = [
 LLAMA3 = [
     Case("plain answer", "The capital of France is Paris.", "text"),
     Case("braces in prose", "Sets are written {1, 2}; a dict is {\"a\": 1}.", "text"),
+    Case("an object that is no call", '{"note": "a JSON object, not a call"} opens this.', "text"),
     Case("one call", f'{{"name": "get_weather", "parameters": {PARIS}}}', "call"),
     Case("python tag", '<|python_tag|>{"name": "search", "parameters": {"query": "nanoserve"}}',
          "call"),

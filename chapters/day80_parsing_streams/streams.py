@@ -80,6 +80,26 @@ def run_stream(feed: Callable[[str], tuple[str, list]], finish: Callable[[], tup
     return assemble(steps)
 
 
+def argument_waits(reader, text: str) -> list[int]:
+    """Fed one character at a time: for every character of every call's arguments, how many
+    characters arrived after it before it went out (0: out with its own delta)."""
+    steps: list[list[int]] = []  # per call, the delta number each argument character left in
+    feed, finish = reader.feeders()
+    for step, ch in enumerate([*text, None]):
+        _, pieces = feed(ch) if ch is not None else finish()
+        for index, _, name, arguments in pieces:
+            if name is not None:
+                steps.append([])
+            steps[index] += [step] * len(arguments)
+    whole, _ = reader.whole(text)
+    waits, at = [], 0
+    for (_, arguments), left in zip(whole.calls, steps, strict=True):
+        at = text.index(arguments, at)
+        waits += [s - (at + j) for j, s in enumerate(left)]
+        at += len(arguments)
+    return waits
+
+
 # ---------------------------------------------------------------- adapters
 
 
@@ -96,36 +116,42 @@ class PackageTools:
         return (Reading(e.content or "", tuple((c.name, c.arguments) for c in e.calls)),
                 [c.id for c in e.calls])
 
-    def stream(self, pieces: list[str]) -> Streamed:
+    def feeders(self):
         p = self.cls(self.tools)
 
         def unpack(d):
             return d.content, [(c.index, c.id, c.name, c.arguments) for c in d.calls]
 
-        return run_stream(lambda x: unpack(p.feed(x)), lambda: unpack(p.finish()), pieces)
+        return (lambda x: unpack(p.feed(x))), (lambda: unpack(p.finish()))
+
+    def stream(self, pieces: list[str]) -> Streamed:
+        return run_stream(*self.feeders(), pieces)
 
 
 class SnapshotHermes:
     """The snapshot's Hermes reader (it makes no ids: a first delta is marked by its name)."""
 
-    def __init__(self, names: set[str], stream_cls=None):
+    def __init__(self, names: set[str], stream_cls=None, early: bool = True):
         from .snapshot import hermes
 
-        self.h, self.names = hermes, names
+        self.h, self.names, self.early = hermes, names, early
         self.stream_cls = stream_cls or hermes.HermesStream
 
     def whole(self, text: str) -> tuple[Reading, list[str]]:
         calls, content = self.h.extract(text, self.names)
         return Reading(content or "", tuple((c.name, c.arguments) for c in calls)), []
 
-    def stream(self, pieces: list[str]) -> Streamed:
-        s = self.stream_cls(self.names)
+    def feeders(self):
+        s = self.stream_cls(self.names, early=self.early)
 
         def unpack(d):
             return d.content, [(c.index, "-" if c.name else None, c.name, c.arguments)
                                for c in d.calls]
 
-        return run_stream(lambda x: unpack(s.feed(x)), lambda: unpack(s.finish()), pieces)
+        return (lambda x: unpack(s.feed(x))), (lambda: unpack(s.finish()))
+
+    def stream(self, pieces: list[str]) -> Streamed:
+        return run_stream(*self.feeders(), pieces)
 
 
 class PackageReasoning:

@@ -1,15 +1,25 @@
-"""A Hermes tool-call reader, whole and streamed: ``<tool_call>{"name": ..., "arguments":
-{...}}</tool_call>`` in a model's text becomes a call; everything else stays content.
+"""A Hermes tool-call reader: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in a
+model's text becomes a call, everything else stays content; one machine, two ways to run it.
 
-The two readers answer to one rule: whatever cuts the stream arrives in, the content pieces
-joined are the whole reading's content and each call's argument pieces joined are its
-arguments. The stream therefore holds back two things only: a tail that could still become
-``<tool_call>`` (``holdback.held``, at most ten characters), and a call whose closing marker
-has not arrived, because until then nobody can say whether its JSON will parse. A call that
-does not read (broken JSON, a name not among the tools, no closing marker) is put back into
-the content, markers and all, exactly as the model wrote it.
+The machine is written once, as a stream (``feed`` per delta, then ``finish``), and a whole
+response is read by feeding it in one piece (``extract``). The two runs differ in one choice
+only, ``early``:
 
-A call's ``arguments`` is the object's text as written, sliced out, never re-serialised.
+- ``early=True`` (a stream): a call goes out as soon as ``{"name": "<a known tool>",
+  "arguments": {`` has arrived (its first delta: the name), and the arguments follow as they
+  arrive, cut wherever the deltas were cut.
+- ``early=False`` (the whole reading): nothing goes out until the call's object has closed and
+  been judged: valid JSON, a known name, arguments an object.
+
+For every well-formed response the two agree, wherever the cuts fall. They part on a call that
+goes out early and then breaks (a stray comma, a bracket that does not match, text that stops):
+a stream cannot take back what it sent, so the call keeps the arguments that went out and the
+rest of the text is content; the whole reading makes all of it content. A ``<tool_call>`` that
+begins no call is content from its ``<`` on, and reading goes on after that ``<``.
+
+The stream holds back only a tail that could still become ``<tool_call>`` (``holdback.held``)
+and a run of whitespace, which is dropped if a call follows: a response that is only calls has
+no content. A call's ``arguments`` is the object's text as written, never re-serialised.
 """
 
 from __future__ import annotations
@@ -21,16 +31,7 @@ from dataclasses import dataclass, field
 from .holdback import split_safe
 
 START, END = "<tool_call>", "</tool_call>"
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*')
-_MID = re.compile(r'\s*,\s*"arguments"\s*:\s*')
-_TAIL = re.compile(r"\s*\}\s*\Z")
-_DECODER = json.JSONDecoder()
-
-
-@dataclass
-class Call:
-    name: str
-    arguments: str  # the JSON object as the model wrote it
+HEADER = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)')
 
 
 @dataclass
@@ -48,64 +49,182 @@ class Delta:
     calls: list[Piece] = field(default_factory=list)
 
 
-def read_call(body: str, tools: set[str]) -> Call | None:
-    """The text between the markers -> a call, or ``None`` when it is not one: the object must
-    be ``{"name": <a tool's name>, "arguments": <an object>}``, keys in that order."""
-    head = _HEAD.match(body)
+@dataclass
+class Call:
+    name: str
+    arguments: str  # the JSON object as the model wrote it
+
+
+def object_end(s: str, i: int) -> int | None:
+    """``s[i]`` is ``{``: the index after its matching ``}``; ``None`` if it has not arrived;
+    ``-j`` - 1 when ``s[j]`` is a closer that does not match. Strings and escapes are
+    skipped; the rest of JSON's grammar is ``json.loads``'s business, once the end is known."""
+    stack, j, in_string = [], i, False
+    while j < len(s):
+        c = s[j]
+        if in_string:  # skip to the closing quote, an escaped character at a time
+            j += 2 if c == "\\" else 1
+            in_string = c != '"'
+            continue
+        if c == '"':
+            in_string = True
+        elif c in "{[":
+            stack.append(c)
+        elif c in "}]":
+            if not stack or stack.pop() != "{["[c == "]"]:
+                return -j - 1
+            if not stack:
+                return j + 1
+        j += 1
+    return None
+
+
+def judge(obj: str, tools: set[str]) -> tuple[str, int, int] | None:
+    """A whole call object -> (name, start, end) of its arguments' text, or ``None``."""
+    head = HEADER.match(obj)
     try:
-        name, at = _DECODER.raw_decode(body, head.end()) if head else (None, 0)
-        mid = _MID.match(body, at)
-        args, end = _DECODER.raw_decode(body, mid.end()) if mid else (None, 0)
-    except json.JSONDecodeError:
+        value = json.loads(obj)
+    except ValueError:
         return None
-    if name not in tools or not isinstance(args, dict) or not _TAIL.match(body, end):
+    if not head or value.get("name") not in tools or not isinstance(value["arguments"], dict):
         return None
-    return Call(name, body[mid.end():end])
-
-
-def extract(text: str, tools: set[str]) -> tuple[list[Call], str | None]:
-    """A whole response -> (calls, content); content is ``None`` when there is none."""
-    calls, content, pos = [], [], 0
-    while (i := text.find(START, pos)) >= 0 and (j := text.find(END, i)) >= 0:
-        call = read_call(text[i + len(START):j], tools)
-        content.append(text[pos:j + len(END)] if call is None else text[pos:i])
-        calls += [call] if call else []
-        pos = j + len(END)
-    content.append(text[pos:])
-    return calls, "".join(content) or None
+    end = object_end(obj, head.end())
+    return (value["name"], head.end(), end) if obj[end:].strip() == "}" else None
 
 
 class HermesStream:
-    """One choice's stream: ``feed(delta)`` per text delta, then ``finish()``."""
-
-    def __init__(self, tools: set[str]):
-        self.tools = tools
-        self.buf = ""  # held back: a possible marker's start, or an open call
-        self.index = 0  # the next call's number
+    def __init__(self, tools: set[str], early: bool = True):
+        self.tools, self.early = tools, early
+        self.buf = ""          # received, not yet released
+        self.state = "text"    # text | call | close | stopped
+        self.index = 0         # calls begun
+        self.args_at = None    # a call that went out early: where its arguments start in buf
+        self.sent = 0          # and the buf index its arguments went out up to
+        self.pending = ""      # the current run, while it is only whitespace
+        self.out = Delta()
 
     def feed(self, delta: str) -> Delta:
         self.buf += delta
-        out = Delta()
-        while (i := self.buf.find(START)) >= 0:
-            j = self.buf.find(END, i)
-            if j < 0:  # an open call: the text before it may go, the call waits
-                out.content += self.buf[:i]
-                self.buf = self.buf[i:]
-                return out
-            call = read_call(self.buf[i + len(START):j], self.tools)
-            if call is None:
-                out.content += self.buf[:j + len(END)]
-            else:
-                out.content += self.buf[:i]
-                out.calls += [Piece(self.index, name=call.name), Piece(self.index,
-                                                                       arguments=call.arguments)]
-                self.index += 1
-            self.buf = self.buf[j + len(END):]
-        now, self.buf = split_safe(self.buf, START)
-        out.content += now
-        return out
+        return self._drain(final=False)
 
     def finish(self) -> Delta:
-        """The stream is over: whatever waits (a marker's start, an unclosed call) is text."""
-        out, self.buf = Delta(content=self.buf), ""
+        out = self._drain(final=True)
+        out.content += "" if self.index else self.pending or ""
         return out
+
+    # what the machine reports
+
+    def _text(self, s: str) -> None:
+        if self.pending is not None and not s.strip():
+            self.pending += s
+        elif s:
+            self.out.content += (self.pending or "") + s
+            self.pending = None  # this run has text: no longer held
+
+    def _begin(self, name: str) -> None:
+        self.out.calls.append(Piece(self.index, name=name))
+        self.index += 1
+        self.pending = ""  # the run before a call, if only whitespace, is dropped
+
+    def _args(self, s: str) -> None:
+        if s:
+            self.out.calls.append(Piece(self.index - 1, arguments=s))
+
+    # the machine
+
+    def _drain(self, final: bool) -> Delta:
+        self.out = Delta()
+        while self._step(final):
+            pass
+        return self.out
+
+    def _step(self, final: bool) -> bool:
+        buf = self.buf
+        if self.state == "stopped":
+            self._text(buf)
+            self.buf = ""
+            return False
+        if self.state == "text":
+            k = buf.find(START)
+            if k < 0:
+                now, self.buf = (buf, "") if final else split_safe(buf, START)
+                self._text(now)
+                return False
+            self._text(buf[:k])
+            self.buf, self.state = buf[k:], "call"
+            return True
+        if self.state == "close":  # whitespace, then the closing marker; else text
+            rest = buf.lstrip()
+            if END.startswith(rest) and rest != END and not final:
+                return False
+            self.buf, self.state = rest[len(END):] if rest.startswith(END) else rest, "text"
+            return True
+        return self._call(final)
+
+    def _call(self, final: bool) -> bool:
+        """``buf`` starts with ``<tool_call>``: read the call, or give its ``<`` back."""
+        body = len(START) + len(self.buf[len(START):]) - len(self.buf[len(START):].lstrip())
+        if body == len(self.buf) and not final:
+            return False
+        if not self.buf.startswith("{", body):
+            return self._not_a_call()
+        head = HEADER.match(self.buf, body)
+        if self.early and self.args_at is None and head and json.loads(head[1]) in self.tools:
+            self._begin(json.loads(head[1]))
+            self.args_at = self.sent = head.end()
+        if self.args_at is not None:
+            return self._stream(body, final)
+        end = object_end(self.buf, body)
+        if end is None and not final:
+            return False
+        call = judge(self.buf[body:end], self.tools) if end and end > 0 else None
+        if call is None:
+            return self._not_a_call()
+        name, a, b = call
+        self._begin(name)
+        self._args(self.buf[body + a:body + b])
+        self.buf, self.state = self.buf[end:], "close"
+        return True
+
+    def _stream(self, body: int, final: bool) -> bool:
+        """A call that went out early: send its arguments on; judge it when they close."""
+        end = object_end(self.buf, self.args_at)
+        upto = len(self.buf) if end is None else end if end > 0 else -end - 1
+        self._args(self.buf[self.sent:upto])
+        self.sent = upto
+        if end is None:
+            return self._broken(upto) if final else False
+        rest = self.buf[upto:].lstrip()
+        if end < 0 or (not rest and final) or (rest and rest[0] != "}"):
+            return self._broken(upto)
+        if not rest:
+            return False
+        close = len(self.buf) - len(rest) + 1
+        if judge(self.buf[body:close], self.tools) is None:
+            return self._broken(upto)
+        self.buf, self.state, self.args_at = self.buf[close:], "close", None
+        return True
+
+    def _broken(self, at: int) -> bool:
+        """An early call broke: it keeps what went out; the rest of the text is content."""
+        self.buf, self.state, self.args_at = self.buf[at:], "stopped", None
+        return True
+
+    def _not_a_call(self) -> bool:
+        self._text(self.buf[0])
+        self.buf, self.state = self.buf[1:], "text"
+        return True
+
+
+def extract(text: str, tools: set[str]) -> tuple[list[Call], str | None]:
+    """A whole response -> (calls, content): the machine fed once, calls judged whole."""
+    s = HermesStream(tools, early=False)
+    calls, content = [], ""
+    for d in (s.feed(text), s.finish()):
+        content += d.content
+        for p in d.calls:
+            if p.name is not None:
+                calls.append(Call(p.name, ""))
+            else:
+                calls[p.index].arguments += p.arguments
+    return calls, content or None
