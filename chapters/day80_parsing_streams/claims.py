@@ -241,8 +241,9 @@ CLAIMS = [
           lambda: of(snapshot_run(early=False))),
     exact("hermes call cases fed one character at a time: characters an argument character "
           "waits on average, early and not", waits),
-    exact("a reader that holds nothing back: streams that differ from its whole reading",
-          lambda: of(snapshot_run(HoldsNothing))),
+    exact("the snapshot run with early=False, holding nothing back: streams that differ from "
+          "the whole reading",
+          lambda: of(snapshot_run(HoldsNothing, early=False))),
     *(exact(f"{n}: streams whose reasoning and content differ from the whole split",
             lambda n=n: of((reasoning_run(n)["differ"], reasoning_run(n)["streams"])))
       for n in REASONING),
