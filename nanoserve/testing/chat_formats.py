@@ -71,6 +71,10 @@ def _chatml(think: bool) -> str:
         "{%- if message['role'] == 'assistant' and reasoning and loop.index0 > ns.last_user %}\n"
         "{{- '<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' }}\n"
         "{%- endif %}\n") if think else ""
+    last_user = ("{%- set ns = namespace(last_user=-1) %}\n"
+                 "{%- for message in turns %}{%- if message['role'] == 'user' %}"
+                 "{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}\n"
+                 ) if think else ""
     no_think = ("{%- if enable_thinking is defined and enable_thinking is false %}"
                 "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}\n") if think else ""
     return (
@@ -84,10 +88,7 @@ def _chatml(think: bool) -> str:
         "{{- '\\n</tools>\\n\\n" + _HERMES_HOW + "<|im_end|>\\n' }}\n"
         "{%- set turns = messages[1:] if messages and messages[0]['role'] == 'system' "
         "else messages %}\n"
-        "{%- else %}{%- set turns = messages %}{%- endif %}\n"
-        "{%- set ns = namespace(last_user=-1) %}\n"
-        "{%- for message in turns %}{%- if message['role'] == 'user' %}"
-        "{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}\n"
+        "{%- else %}{%- set turns = messages %}{%- endif %}\n" + last_user +
         "{%- for message in turns %}\n"
         "{%- if message['role'] == 'tool' %}\n"
         "{%- if loop.first or turns[loop.index0 - 1]['role'] != 'tool' %}"
