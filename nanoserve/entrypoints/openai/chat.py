@@ -1,21 +1,17 @@
 """``POST /v1/chat/completions``: messages in, the assistant's reply out, whole or streamed.
 
-Why this module exists: chat adds one step the completions endpoint does not have, and it is
-the step where a model is most easily fed the wrong integers: the messages become one prompt
-through the checkpoint's own jinja chat template (or the server's ``--chat-template``), exactly
-as transformers renders it, with the template writing BOS itself. ``chat_ids`` is that step, and
-``/tokenize``'s chat form shares it so the two can never disagree. Content may be a string or a
-list of text parts (joined by newlines); any other part type is refused, as is a template that
-fails on the messages.
+Why this module exists: it is the one route that turns a conversation into engine requests
+and their output back into OpenAI's chat shapes. The steps are each said elsewhere and run here
+in order: ``chat_render.chat_prompt`` renders the messages, the tools and the template's kwargs
+through the checkpoint's chat template (``/tokenize``'s chat form shares it, so the two never
+disagree); ``tools.plan_tools`` checks ``tools`` and ``tool_choice`` and says which grammar (a
+forced call's) and which parser the output needs; ``parsing`` makes the engine jobs; and
+``chat_output.ChoiceOutput`` reads each choice's text back into ``reasoning``, ``content`` and
+``tool_calls``, whole or as stream deltas.
 
 Names follow OpenAI's chat API where it differs from completions: ``max_completion_tokens``
 (or the older ``max_tokens``; unset means "until the context is full", as in vLLM),
 ``logprobs: true`` with ``top_logprobs: k``, and a stream whose first chunk carries the role.
-
-Tools and reasoning (Days 79-80) are two steps around the engine: ``tools.plan_tools`` checks
-``tools`` and ``tool_choice`` at the door and says which grammar (a forced call's) and which
-parser the output needs; ``chat_output.ChoiceOutput`` reads each choice's text back into
-``reasoning``, ``content`` and ``tool_calls``, whole or as stream deltas.
 """
 
 from __future__ import annotations
@@ -25,83 +21,27 @@ import uuid
 from fastapi import APIRouter, Request
 
 from nanoserve.entrypoints.openai.chat_output import ChoiceOutput, finish_reason
-from nanoserve.entrypoints.openai.context import ServingContext, serving
+from nanoserve.entrypoints.openai.chat_render import (  # noqa: F401 (chat_ids, chat_messages: re-exported)
+    chat_ids,
+    chat_messages,
+    chat_prompt,
+)
+from nanoserve.entrypoints.openai.context import serving
 from nanoserve.entrypoints.openai.errors import ApiError
 from nanoserve.entrypoints.openai.fanout import Choice, collect, open_fanout, usage
-from nanoserve.entrypoints.openai.parsing import (
-    budget,
-    check_ids,
-    compile_grammar,
-    jobs_for,
-    open_request,
-)
+from nanoserve.entrypoints.openai.parsing import budget, compile_grammar, jobs_for, open_request
 from nanoserve.entrypoints.openai.protocol import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatMessage,
     DeltaMessage,
 )
 from nanoserve.entrypoints.openai.streaming import SSEResponse, sse, sse_events
 from nanoserve.entrypoints.openai.tools import plan_tools
 
 router = APIRouter()
-
-
-def chat_messages(messages: list[ChatMessage]) -> list[dict]:
-    """The messages as the template reads them: ``{"role", "content"[, "name"]}``."""
-    out = []
-    for k, m in enumerate(messages):
-        content = m.content
-        if content is None and m.role != "assistant":
-            raise ApiError(400, f"messages[{k}]: a {m.role} message needs content", "messages")
-        if isinstance(content, list):
-            bad = next((p.type for p in content if p.type != "text"), None)
-            if bad is not None:
-                raise ApiError(400, f"messages[{k}]: content parts of type {bad!r} are not "
-                                    f"supported (text only)", "messages")
-            if any(p.text is None for p in content):
-                raise ApiError(400, f"messages[{k}]: a text part needs text", "messages")
-            content = "\n".join(p.text for p in content)
-        msg = {"role": m.role, "content": content or ""}
-        if m.name is not None:
-            msg["name"] = m.name
-        out.append(msg)
-    return out
-
-
-def chat_ids(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
-             add_special_tokens: bool = False) -> list[int]:
-    """The token ids of ``messages`` through the chat template; ``add_special_tokens`` adds
-    the tokenizer's own (BOS) on top of what the template writes, as vLLM's ``/tokenize``
-    does. Not checked against the vocabulary or the context: ``chat_prompt`` does that."""
-    tokenizer = ctx.tokenizer
-    if tokenizer is None:
-        raise ApiError(400, "this model was loaded without a tokenizer; chat needs one",
-                       "messages")
-    if tokenizer.chat_template is None:
-        raise ApiError(400, "this model has no chat template; start the server with "
-                            "--chat-template FILE or use /v1/completions", "messages")
-    rendered = chat_messages(messages)
-    try:
-        if add_special_tokens:
-            text = tokenizer.apply_chat_template(
-                rendered, add_generation_prompt=add_generation_prompt, tokenize=False)
-            return tokenizer.encode(text, add_special_tokens=True)
-        return tokenizer.apply_chat_template(
-            rendered, add_generation_prompt=add_generation_prompt, tokenize=True)
-    except ValueError as e:  # the tokenizer says which: no parse, the template's own raise, ...
-        raise ApiError(400, f"{e} (on these messages)", "messages") from None
-    except (TypeError, UnicodeError):  # text JSON carries but no tokenizer reads (a surrogate)
-        raise ApiError(400, "messages are not valid Unicode text", "messages") from None
-
-
-def chat_prompt(ctx: ServingContext, req: ChatCompletionRequest) -> list[int]:
-    ids = chat_ids(ctx, req.messages, req.add_generation_prompt)
-    check_ids(ctx, ids, "messages")
-    return ids
 
 
 @router.post("/chat/completions")
