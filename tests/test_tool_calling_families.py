@@ -9,12 +9,13 @@ arguments validate with ``jsonschema``; one call per family is also streamed, an
 joined equals the whole response. A random model writes whatever the grammar allows, which is
 the point: validity must come from the grammar, not from the model's good sense.
 
-The checkpoints' context is raised to 512 positions (``BASE`` has 128): Llama's template alone
-writes about a hundred characters, one token each, before the call. And the tokenizer's decoder
-is said the way SentencePiece checkpoints say it (``Replace("▁", " ")``, ``ByteFallback``,
-``Fuse``) instead of a lone ``Fuse``: the grammar library reads each token's bytes from the
-decoder and does not know a lone ``Fuse`` ("can't determine decoder type"). For this
-vocabulary (no ``▁``, no ``<0xNN>`` tokens) the two decode every id sequence to the same text.
+The checkpoints' context is raised to 4096 positions (``BASE`` has 128): the templates write
+the tool's schema into the prompt, up to about two thousand characters (Llama's), one token
+each. And the tokenizer's decoder is said the way SentencePiece checkpoints say it
+(``Replace("▁", " ")``, ``ByteFallback``, ``Fuse``) instead of a lone ``Fuse``: the grammar
+library reads each token's bytes from the decoder and does not know a lone ``Fuse`` ("can't
+determine decoder type"). For this vocabulary (no ``▁``, no ``<0xNN>`` tokens) the two decode
+every id sequence to the same text.
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ FAMILIES = {"llama": "gqa", "qwen2": "gqa", "qwen3": "head_dim", "mistral": "gqa
 SENTENCEPIECE_DECODER = {"type": "Sequence", "decoders": [
     {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
     {"type": "ByteFallback"}, {"type": "Fuse"}]}
-GREEDY = dict(temperature=0, max_completion_tokens=300, parallel_tool_calls=False)
+GREEDY = dict(temperature=0, max_completion_tokens=256, parallel_tool_calls=False)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family_server(request, tmp_path_factory):
     family = request.param
     folder = write_hf_checkpoint(tmp_path_factory.mktemp(family), FAMILIES[family],
-                                 family=family, max_position_embeddings=512)
+                                 family=family, max_position_embeddings=4096)
     write_tokenizer(folder, family)
     spec = json.loads((folder / "tokenizer.json").read_text())
     assert spec["decoder"] == {"type": "Fuse"}, spec["decoder"]  # what the docstring says
