@@ -131,11 +131,16 @@ def test_a_call_cut_by_length_is_content(plain):
 
 def test_logprobs_and_token_ids_ride_with_the_call(plain):
     """Each engine delta's logprobs and token ids go out on its own chunk, even while the
-    parser holds its text back: joined, they are the whole response's, for each of n=2."""
+    parser holds its text back: joined, they are the whole response's, for each of n=2; with
+    continuous usage every event carries its choice's usage."""
     kw = dict(model=NAME, messages=MESSAGES, tools=FEW, tool_choice=named("set_alarm"),
               logprobs=True, n=2, extra_body={"return_token_ids": True}, **GREEDY)
     r = plain.client.chat.completions.create(**kw)
-    chunks = list(plain.client.chat.completions.create(stream=True, **kw))
+    chunks = list(plain.client.chat.completions.create(
+        stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True},
+        **kw))
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert all(ch.usage is not None for ch in chunks)  # continuous: on every event
     for c in r.choices:
         mine = [ch for ch in chunks if ch.choices and ch.choices[0].index == c.index]
         ids = [t for ch in mine for t in (getattr(ch.choices[0], "token_ids", None) or [])]

@@ -38,7 +38,12 @@ from nanoserve.entrypoints.openai.protocol import (
     ChatCompletionResponse,
     DeltaMessage,
 )
-from nanoserve.entrypoints.openai.streaming import SSEResponse, sse, sse_events
+from nanoserve.entrypoints.openai.streaming import (
+    SSEResponse,
+    should_include_usage,
+    sse,
+    sse_events,
+)
 from nanoserve.entrypoints.openai.tools import plan_tools
 
 router = APIRouter()
@@ -52,6 +57,7 @@ async def create_chat_completion(request: Request):
         raise ApiError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     plan = await plan_tools(ctx, req)  # before the prompt: a bad tool is named as such
     ids = chat_prompt(ctx, req)
+    stream_usage = should_include_usage(req)  # refuses prompt_logprobs in a stream
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     mt = budget(ctx, len(ids), req.max_completion_tokens or req.max_tokens, name,
                 ctx.sampling_defaults.get("max_tokens"))  # unset: generation_config's, or all
@@ -72,6 +78,7 @@ async def create_chat_completion(request: Request):
         return ChatCompletionResponse(
             id=rid, model=model, usage=usage([ids], choices),
             prompt_token_ids=ids if want_ids else None,
+            prompt_logprobs=render.prompt_logprobs(choices[0].prompt_logprobs),
             choices=[ChatChoice(index=c.index, message=m,
                                 logprobs=render.chat_logprobs(c.logprobs) if want_lp else None,
                                 finish_reason=finish_reason(c.finish_reason, out.called),
@@ -82,8 +89,9 @@ async def create_chat_completion(request: Request):
     def chunk(c: Choice, d, first: bool) -> str:
         """The events of one engine delta: what its text released through the choice's
         parsers (none, one or several deltas); its logprobs and token ids ride on the first,
-        the finish reason on the last. A delta that released nothing and carries nothing
-        sends nothing."""
+        the finish reason on the last, the choice's usage so far on each when the stream
+        promises it (``continuous_usage_stats``). A delta that released nothing and carries
+        nothing sends nothing."""
         out = outs[c.index]
         deltas = out.delta(d.new_text, d.finished)
         carries = d.finished or (want_lp and d.new_logprobs) or (want_ids and d.new_token_ids)
@@ -99,18 +107,21 @@ async def create_chat_completion(request: Request):
                 if d.finished and last else None,
                 stop_reason=d.stop_reason if d.finished and last else None,
                 token_ids=d.new_token_ids if want_ids and k == 0 else None)
-            events.append(sse(ChatCompletionChunk(id=rid, model=model, choices=[ch])))
+            event = ChatCompletionChunk(id=rid, model=model, choices=[ch])
+            if stream_usage.continuous:
+                event.usage = c.usage()
+            events.append(sse(event))
         return "".join(events)
 
     def tail() -> str:
         return sse(ChatCompletionChunk(id=rid, model=model, choices=[],
                                        usage=usage([ids], choices)))
 
-    head = [sse(ChatCompletionChunk(  # the role comes first, as OpenAI sends it
+    head = [ChatCompletionChunk(  # the role comes first, as OpenAI sends it
         id=rid, model=model,
         choices=[ChatChunkChoice(index=c.index,
-                                 delta=DeltaMessage(role="assistant", content=""))]))
+                                 delta=DeltaMessage(role="assistant", content=""))])
         for c in choices]
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
     return SSEResponse(sse_events(fan, choices, want_lp, chunk, head,
-                                  tail if include_usage else None), fan.close)
+                                  tail if stream_usage.include_usage else None, stream_usage),
+                       fan.close)
