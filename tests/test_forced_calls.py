@@ -274,3 +274,25 @@ def test_a_thinking_answer_splits_before_the_forced_parser_reads_it():
     assert reasoning == "weighing it"
     call = NamedCallParser(TOOLS, "get_weather").extract(content).calls[0]
     assert call.arguments == ARGS
+
+
+def test_required_lifts_each_tools_defs_to_the_root_so_refs_resolve(backend, tok):
+    """A ``$ref`` points from the root of its tool's schema; inside the array it would dangle,
+    so ``required`` moves every tool's ``$defs`` up (vLLM does the same) and the pointer holds."""
+    room = {"type": "object", "properties": {"beds": {"type": "integer", "minimum": 1,
+                                                       "maximum": 3}}, "required": ["beds"]}
+    book = {"name": "book_room", "parameters": {
+        "type": "object", "$defs": {"room": room},
+        "properties": {"room": {"$ref": "#/$defs/room"}}, "required": ["room"]}}
+    other = {"name": "f",
+             "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}
+    spec = forced_call_spec([book, other], "required", parallel=False)
+    assert spec.json["$defs"] == {"room": room}
+    assert "$defs" not in spec.json["items"]["anyOf"][0]["properties"]["parameters"]
+    good = '[{"name":"book_room","parameters":{"room":{"beds":2}}}]'
+    assert accepts(backend, tok, spec, good)
+    assert not accepts(backend, tok, spec, good.replace("2", "7"))
+    clash = {"name": "g", "parameters": {"type": "object", "$defs": {"room": {"type": "string"}},
+                                         "properties": {"r": {"$ref": "#/$defs/room"}}}}
+    with pytest.raises(ValueError, match=r"\$defs/room"):
+        forced_call_spec([book, clash], "required", parallel=True)

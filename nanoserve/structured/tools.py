@@ -47,15 +47,30 @@ def parameters_schema(tool: dict) -> dict:
 
 def required_schema(tools: list[dict], parallel: bool) -> dict:
     """``tool_choice: "required"``: a non-empty array of calls, each one tool's shape
-    (``{"name": NAME, "parameters": ARGS}``); one call at most when not ``parallel``."""
+    (``{"name": NAME, "parameters": ARGS}``); one call at most when not ``parallel``.
+
+    A tool's parameters may keep shared definitions in ``$defs`` and point at them with
+    ``{"$ref": "#/$defs/NAME"}``, a pointer from the root of *its* schema. Nested inside the
+    array the pointer would dangle, so each tool's ``$defs`` move to the array's root, as vLLM
+    does; two tools that define one name differently are a ``ValueError`` naming it."""
     schema: dict = {"type": "array", "minItems": 1}
     if not parallel:
         schema["maxItems"] = 1
-    schema["items"] = {"anyOf": [
-        {"type": "object",
-         "properties": {"name": {"const": t["name"]}, "parameters": parameters_schema(t)},
-         "required": ["name", "parameters"]}
-        for t in tools]}
+    defs: dict = {}
+    shapes = []
+    for t in tools:
+        params = dict(parameters_schema(t))
+        for name, definition in params.pop("$defs", {}).items():
+            if name in defs and defs[name] != definition:
+                raise ValueError(f"tools: two tools define $defs/{name} differently; a "
+                                 f"required tool choice needs one meaning per name")
+            defs[name] = definition
+        shapes.append({"type": "object",
+                       "properties": {"name": {"const": t["name"]}, "parameters": params},
+                       "required": ["name", "parameters"]})
+    schema["items"] = {"anyOf": shapes}
+    if defs:
+        schema["$defs"] = defs
     return schema
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 
 class _Strict(BaseModel):
@@ -325,6 +325,16 @@ class DeltaMessage(BaseModel):
     reasoning: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _only_what_arrived(self, handler):
+        """The reasoning and tool fields go out only in the chunks that carry them, so a
+        plain chat stream is byte for byte what it was before tools existed."""
+        out = handler(self)
+        for key in ("reasoning", "reasoning_content", "tool_calls"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
 
 class ChatChunkChoice(BaseModel):

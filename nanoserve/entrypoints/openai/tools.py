@@ -156,9 +156,9 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
     if not forced:
         return ToolPlan(tuple(tools), choice, None, req.parallel_tool_calls, None,
                         ctx.tool_call_parser if choice == "auto" else None)
-    spec = forced_call_spec(tools, name if choice == "named" else "required",
-                            req.parallel_tool_calls, think_markers(ctx))
     try:  # the whole call's grammar; cached, so compile_grammar finds it ready
+        spec = forced_call_spec(tools, name if choice == "named" else "required",
+                                req.parallel_tool_calls, think_markers(ctx))
         await asyncio.to_thread(ctx.engine.check_grammar, spec)
     except (InvalidRequest, ValueError) as e:
         raise ApiError(400, f"the tools do not make a grammar: {e}", "tools") from None
