@@ -1,0 +1,319 @@
+"""Day 79's numbers: a forced tool call as a grammar, on the shipped model.
+
+Everything runs nanoserve-tiny in float32 through ``LLM``, greedy. The chapter's eight tools
+(``TOOLS``) are rendered into each prompt by the checkpoint's chat template; each of the eight
+questions (``QUESTIONS``) is asked once per arm:
+
+- *named*: question ``i`` with ``tool_choice`` naming tool ``i``, under the package's
+  ``forced_call_spec``;
+- *required*: every question with ``tool_choice: "required"``, ``parallel_tool_calls`` off
+  (and, in one row, on);
+- *no grammar*: the same prompts with nothing forced, read back by the same parsers.
+
+Each call's arguments are validated by ``jsonschema``, which nanoserve did not write. The mask
+rows read llguidance's matcher on the shipped tokenizer directly; the snapshot's schemas and
+reader are held against the package's spec and parsers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+from chapters.common import SHIPPED
+from chapters.runner import exact
+
+from .snapshot import forced as frozen
+
+
+def _obj(props: dict, required: list[str] | None = None, **extra) -> dict:
+    return {"type": "object", "properties": props,
+            "required": list(props) if required is None else required, **extra}
+
+
+TOOLS = [
+    {"name": "get_weather", "description": "Weather in a city.",
+     "parameters": _obj({"city": {"type": "string", "maxLength": 20},
+                         "unit": {"enum": ["C", "F"]}})},
+    {"name": "add", "description": "Add two integers.",
+     "parameters": _obj({"a": {"type": "integer", "minimum": 0, "maximum": 999},
+                         "b": {"type": "integer", "minimum": 0, "maximum": 999}})},
+    {"name": "search", "description": "Search the docs.",
+     "parameters": _obj({"query": {"type": "string", "minLength": 1, "maxLength": 20}})},
+    {"name": "send_email", "description": "Send an email.",
+     "parameters": _obj({"to": {"type": "string",
+                                "pattern": "^[a-z]{1,8}@[a-z]{1,8}\\.com$"},
+                         "urgent": {"type": "boolean"}})},
+    {"name": "set_alarm", "description": "Set an alarm.",
+     "parameters": _obj({"hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                         "days": {"type": "array", "maxItems": 5,
+                                  "items": {"enum": ["mon", "tue", "wed", "thu", "fri"]}}},
+                        ["hour"])},
+    {"name": "convert", "description": "Convert money.",
+     "parameters": _obj({"amount": {"type": "number", "minimum": 0, "maximum": 1000,
+                                    "multipleOf": 0.25},
+                         "to": {"enum": ["EUR", "USD", "GBP"]}})},
+    {"name": "book_room", "description": "Book a room.",
+     "parameters": _obj({"title": {"type": "string", "maxLength": 20},
+                         "room": {"$ref": "#/$defs/room"}},
+                        **{"$defs": {"room": _obj({
+                            "name": {"type": "string", "maxLength": 8},
+                            "floor": {"type": "integer", "minimum": 0, "maximum": 9}})}})},
+    {"name": "get_time", "description": "The time now."},
+]
+QUESTIONS = ["What is the weather in Paris?", "What is 2 plus 3?", "Find the docs on classes.",
+             "Email bob that the build broke.", "Wake me at seven.",
+             "How many euros is 10 dollars?", "Book room 4 on floor 2 for standup.",
+             "What time is it?"]
+MAX_TOKENS = 128
+THINK = ("<think>", "</think>", False)  # qwen3's markers: a thought the model opens itself
+
+
+def named(name: str) -> dict:
+    return {"type": "function", "function": {"name": name}}
+
+
+@functools.cache
+def llm():
+    from nanoserve import LLM
+
+    return LLM(SHIPPED, dtype="float32", max_num_seqs=40)
+
+
+def prompt(question: str) -> list[int]:
+    """The question after the eight tools, as the chat template renders them."""
+    return llm().tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tools=[{"type": "function", "function": t}
+                                                        for t in TOOLS], tokenize=True)
+
+
+def spec(choice, parallel: bool = True, think=None):
+    from nanoserve.structured.tools import forced_call_spec
+
+    return forced_call_spec(TOOLS, choice, parallel, think)
+
+
+def parser(choice):
+    from nanoserve.entrypoints.openai.tool_parsers.forced import (
+        NamedCallParser,
+        RequiredCallsParser,
+    )
+
+    name = frozen.chosen(choice)
+    return RequiredCallsParser(TOOLS) if name is None else NamedCallParser(TOOLS, name)
+
+
+# ------------------------------------------------------------------ the spec and the snapshot
+
+
+def specs_agree() -> str:
+    """The snapshot's closed schema against the package's spec, for every forced choice."""
+    cases = [("required", True), ("required", False)] + [(named(t["name"]), True) for t in TOOLS]
+    same = sum(frozen.forced_call_schema(TOOLS, c, p) == spec(c, p).schema() for c, p in cases)
+    return f"{same} of {len(cases)} equal"
+
+
+# ------------------------------------------------------------------ masks
+
+
+@functools.cache
+def backend():
+    from nanoserve.structured.backend import GrammarBackend
+
+    return GrammarBackend.for_tokenizer(llm().tokenizer, 2048, llm().tokenizer.eos_token_ids)
+
+
+def allowed_after(grammar_spec, text: str) -> list[str]:
+    """The tokens (as text) the spec's mask allows after ``text``."""
+    from nanoserve.structured.mask import allowed, fill
+
+    m, tok = backend().matcher(grammar_spec), llm().tokenizer
+    assert m.consume_tokens(tok.encode(text, add_special_tokens=False)), text
+    ok = allowed(fill([m], 2048), 2048)[0]
+    return [tok.decode([i], skip_special_tokens=False) for i in ok.nonzero().flatten().tolist()]
+
+
+def _listed(tokens: list[str]) -> str:
+    if len(tokens) > 3:
+        return f"{len(tokens):,} tokens"
+    return " and ".join(repr(t) for t in tokens) + " only" * (len(tokens) == 1)
+
+
+def first_step() -> str:
+    req, one = allowed_after(spec("required"), ""), allowed_after(spec(named("add")), "")
+    think = allowed_after(spec("required", think=THINK), "")
+    return f"required: {_listed(req)}; named: {_listed(one)}; required, thinking allowed: " \
+           f"{_listed(think)}"
+
+
+WEATHER_SO_FAR = '{"city":"Paris","unit":"C"'
+
+
+def strict_closing() -> str:
+    from nanoserve.structured.params import StructuredOutputsParams
+
+    schema = TOOLS[0]["parameters"]
+    opened = allowed_after(StructuredOutputsParams(json=schema), WEATHER_SO_FAR)
+    shut = allowed_after(StructuredOutputsParams(json=schema, strict=True), WEATHER_SO_FAR)
+    return f"open: {_listed(opened)}; strict: {_listed(shut)}"
+
+
+ONE_CALL = '[{"name":"get_time","parameters":{}}'
+
+
+def one_call() -> str:
+    on = allowed_after(spec("required", True), ONE_CALL)
+    off = allowed_after(spec("required", False), ONE_CALL)
+    return f"parallel calls on: {_listed(on)}; off: {_listed(off)}"
+
+
+def thinking() -> str:
+    """What the thinking grammar (the package's, and the snapshot's) accepts whole."""
+    from nanoserve.structured.params import StructuredOutputsParams
+
+    call = '[{"name":"get_time","parameters":{}}]'
+    texts = {"a thought, then the call": f"<think>plan</think>\n{call}",
+             "the call alone": call,
+             "the call, then a thought": f"{call}<think>late</think>"}
+    closed = frozen.forced_call_schema(TOOLS, "required")
+    grammars = [spec("required", think=THINK),
+                StructuredOutputsParams(grammar=frozen.think_then_call(closed, *THINK))]
+    tok, out = llm().tokenizer, []
+    for label, text in texts.items():
+        verdicts = set()
+        for g in grammars:
+            m = backend().matcher(g)
+            ok = m.consume_tokens(tok.encode(text, add_special_tokens=False))
+            verdicts.add("accepted" if ok and m.is_accepting() else "refused")
+        out.append(f"{label}: {' / '.join(sorted(verdicts))}")
+    return "; ".join(out)
+
+
+# ------------------------------------------------------------------ the model
+
+
+def _validates(choice, text: str) -> bool:
+    """Whether ``text``, read by the package's parser, is one or more calls whose arguments
+    validate against their function's schema."""
+    import jsonschema
+
+    calls = parser(choice).extract(text).calls
+    by_name = {t["name"]: frozen.parameters(t) for t in TOOLS}
+    try:
+        for c in calls:
+            jsonschema.validate(json.loads(c.arguments), by_name[c.name])
+    except (ValueError, KeyError, jsonschema.ValidationError):
+        return False
+    return bool(calls)
+
+
+@functools.cache
+def runs() -> dict:
+    """Every arm's outputs, from one ``generate`` of all of them batched together."""
+    from nanoserve import SamplingParams
+    from nanoserve.structured.params import StructuredOutputsParams
+
+    ids = [prompt(q) for q in QUESTIONS]
+    nam, req = [named(t["name"]) for t in TOOLS], ["required"] * len(TOOLS)
+
+    def forced(so) -> SamplingParams:
+        return SamplingParams(max_tokens=MAX_TOKENS, temperature=0, structured_outputs=so)
+    arms = {  # arm -> (the choice each prompt was read as, its sampling params)
+        "named": (nam, [forced(spec(c, parallel=False)) for c in nam]),
+        "required": (req, [forced(spec(c, parallel=False)) for c in req]),
+        "free": (nam, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0)] * len(ids)),
+        "parallel": (req, [forced(spec(c, parallel=True)) for c in req]),
+        "loose": (nam, [forced(StructuredOutputsParams(json=frozen.parameters(t)))
+                        for t in TOOLS]),
+    }
+    outs = iter(llm().generate(ids * len(arms), [p for _, ps in arms.values() for p in ps]))
+    out = {arm: [(c, next(outs)) for c in cs] for arm, (cs, _) in arms.items()}
+    # the free outputs, read as required calls too: 16 readings of 8 texts
+    out["free"] += [(c, o) for c, (_, o) in zip(req, out["free"], strict=True)]
+    return out
+
+
+def valid(arm: str) -> str:
+    rows = runs()[arm]
+    return f"{sum(_validates(c, o.text) for c, o in rows)} of {len(rows)}"
+
+
+def right_function() -> str:
+    rows = runs()["required"]
+    hits = sum(frozen.read_forced(o.text, c)[0][0] == t["name"]
+               for (c, o), t in zip(rows, TOOLS, strict=True))
+    return f"{hits} of {len(rows)}"
+
+
+def parallel_ends() -> str:
+    rows = runs()["parallel"]
+    ended = sum(o.finish_reason == "stop" for _, o in rows)
+    calls = sum(len(frozen.read_forced(o.text, c)) for c, o in rows if o.finish_reason == "stop")
+    return f"{ended} of {len(rows)} end within {MAX_TOKENS} tokens ({calls} calls in those)"
+
+
+def extra_keys() -> str:
+    """Named calls, under the function's schema compiled open and strict, that hold a key
+    the function does not declare."""
+    def extra(text: str, name: str) -> bool:
+        try:
+            keys = set(json.loads(text))
+        except ValueError:
+            return False
+        params = frozen.parameters(next(t for t in TOOLS if t["name"] == name))
+        return bool(keys - set(params["properties"]))
+    loose = sum(extra(o.text, frozen.chosen(c)) for c, o in runs()["loose"])
+    strict = sum(extra(o.text, frozen.chosen(c)) for c, o in runs()["named"])
+    return f"open: {loose} of {len(TOOLS)}; strict: {strict} of {len(TOOLS)}"
+
+
+# ------------------------------------------------------------------ reading the output back
+
+
+def read_back() -> str:
+    """The package's parsers against the snapshot's reader on every forced output, whole and
+    fed one token's text at a time."""
+    whole = streamed = 0
+    tok = llm().tokenizer
+    rows = runs()["named"] + runs()["required"]
+    for c, o in rows:
+        want = frozen.read_forced(o.text, c)
+        got = parser(c).extract(o.text)
+        whole += [(x.name, x.arguments) for x in got.calls] == want and got.content is None
+        p, pieces = parser(c), []
+        for i in range(len(o.token_ids)):
+            pieces.append(p.feed(tok.decode(o.token_ids[:i + 1])[len(tok.decode(
+                o.token_ids[:i])):]))
+        pieces.append(p.finish())
+        calls: dict[int, list[str]] = {}
+        for d in pieces:
+            for cd in d.calls:
+                if cd.name is not None:
+                    calls[cd.index] = [cd.name, ""]
+                calls[cd.index][1] += cd.arguments
+        streamed += [tuple(v) for _, v in sorted(calls.items())] == want and \
+            not "".join(d.content for d in pieces)
+    return f"whole: {whole} of {len(rows)}; streamed: {streamed} of {len(rows)}"
+
+
+CLAIMS = [
+    exact("the snapshot's closed schemas against the package's forced_call_spec: required "
+          "(parallel calls on, off) and each of the 8 functions named", specs_agree),
+    exact("tokens the mask allows at a forced call's first step", first_step),
+    exact("after '{\"city\":\"Paris\",\"unit\":\"C\"' under get_weather's schema, the mask "
+          "allows", strict_closing),
+    exact("after one whole call '[{\"name\":\"get_time\",\"parameters\":{}}', the required "
+          "grammar allows", one_call),
+    exact("the thinking grammar (qwen3's markers), package and snapshot", thinking),
+    exact("named calls, one per function, greedy: arguments that validate", lambda: valid("named")),
+    exact("required calls, parallel_tool_calls false, one per question: calls that validate",
+          lambda: valid("required")),
+    exact("the same 8 prompts with no grammar, read as named and as required: valid calls",
+          lambda: valid("free")),
+    exact("required calls that name the function the question asks for", right_function),
+    exact("required with parallel calls on, 8 questions", parallel_ends),
+    exact("named calls that add a key the function does not declare, schema compiled open or "
+          "strict", extra_keys),
+    exact("16 forced outputs read back by the package's parsers, against the snapshot's reading",
+          read_back),
+]
