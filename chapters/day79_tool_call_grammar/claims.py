@@ -55,12 +55,15 @@ TOOLS = [
                          "to": {"enum": ["EUR", "USD", "GBP"]}})},
     {"name": "book_room", "description": "Book a room.",
      "parameters": _obj({"title": {"type": "string", "maxLength": 20},
-                         "room": {"$ref": "#/$defs/room"}},
-                        **{"$defs": {"room": _obj({
-                            "name": {"type": "string", "maxLength": 8},
-                            "floor": {"type": "integer", "minimum": 0, "maximum": 9}})}})},
+                         "room": _obj({"name": {"type": "string", "maxLength": 8},
+                                       "floor": {"type": "integer", "minimum": 0,
+                                                 "maximum": 9}})})},
     {"name": "get_time", "description": "The time now."},
 ]
+# book_room with its room kept under $defs, as generated schemas often write it
+BOOK_REF = {"name": "book_room", "parameters": _obj(
+    {"title": {"type": "string", "maxLength": 20}, "room": {"$ref": "#/$defs/room"}},
+    **{"$defs": {"room": TOOLS[6]["parameters"]["properties"]["room"]}})}
 QUESTIONS = ["What is the weather in Paris?", "What is 2 plus 3?", "Find the docs on classes.",
              "Email bob that the build broke.", "Wake me at seven.",
              "How many euros is 10 dollars?", "Book room 4 on floor 2 for standup.",
@@ -165,6 +168,21 @@ def one_call() -> str:
     on = allowed_after(spec("required", True), ONE_CALL)
     off = allowed_after(spec("required", False), ONE_CALL)
     return f"parallel calls on: {_listed(on)}; off: {_listed(off)}"
+
+
+def defs_refused() -> str:
+    """``BOOK_REF`` compiled as a named call and inside the required array."""
+    from nanoserve.structured.tools import forced_call_spec
+    from nanoserve.validation import InvalidRequest
+
+    out = []
+    for label, choice in (("named", named("book_room")), ("required", "required")):
+        try:
+            backend().template(forced_call_spec([BOOK_REF], choice, True))
+            out.append(f"{label}: compiles")
+        except InvalidRequest as e:
+            out.append(f"{label}: refused, {str(e).split(': ')[-1]}")
+    return "; ".join(out)
 
 
 def thinking() -> str:
@@ -304,6 +322,7 @@ CLAIMS = [
           "allows", strict_closing),
     exact("after one whole call '[{\"name\":\"get_time\",\"parameters\":{}}', the required "
           "grammar allows", one_call),
+    exact("book_room with its room under $defs and a $ref to it", defs_refused),
     exact("the thinking grammar (qwen3's markers), package and snapshot", thinking),
     exact("named calls, one per function, greedy: arguments that validate", lambda: valid("named")),
     exact("required calls, parallel_tool_calls false, one per question: calls that validate",

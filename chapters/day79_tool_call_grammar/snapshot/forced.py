@@ -26,6 +26,7 @@ import json
 from chapters.day67_structured_outputs.snapshot.mask import closed
 
 NO_PARAMETERS = {"type": "object", "properties": {}}  # a tool that declares none takes {}
+GAP = 4  # spaces and newlines allowed between the thought and the call
 
 
 def parameters(tool: dict) -> dict:
@@ -40,20 +41,13 @@ def call_branch(tool: dict) -> dict:
 
 
 def required_schema(tools: list[dict], parallel_tool_calls: bool = True) -> dict:
-    """At least one call (at most one when parallel calls are off), each to one of ``tools``;
-    every tool's ``$defs`` lifted to the top, where its ``$ref``s point."""
-    defs, branches = {}, []
-    for tool in tools:
-        params = dict(parameters(tool))
-        for name, sub in params.pop("$defs", {}).items():
-            if defs.setdefault(name, sub) != sub:
-                raise ValueError(f"two tools define $defs/{name} differently")
-        branches.append(call_branch({**tool, "parameters": params}))
-    schema = {"type": "array", "minItems": 1, "items": {"anyOf": branches}}
+    """At least one call (at most one when parallel calls are off), each to one of ``tools``.
+    Each tool's schema goes in whole, ``$defs`` included: a ``$ref`` to ``#/$defs/...`` then
+    points at the array's root, where there are none (vLLM lifts them; this does not)."""
+    schema = {"type": "array", "minItems": 1,
+              "items": {"anyOf": [call_branch(t) for t in tools]}}
     if not parallel_tool_calls:
         schema["maxItems"] = 1
-    if defs:
-        schema["$defs"] = defs
     return schema
 
 
@@ -114,15 +108,15 @@ def read_forced(text: str, tool_choice) -> list[tuple[str, str]]:
 
 
 def think_then_call(schema: dict, start: str, end: str, implicit_start: bool) -> str:
-    """llguidance's Lark for a thinking model: free text up to the first ``end``, then the
-    call's JSON under ``schema`` (already closed). Where the template wrote ``start`` itself
-    (``implicit_start``), the thought is owed and its ``start`` optional; otherwise a model
-    with thinking off may begin with the call."""
+    """llguidance's Lark for a thinking model: free text up to the first ``end``, at most
+    ``GAP`` spaces and newlines, then the call's JSON under ``schema`` (already closed). Where
+    the template wrote ``start`` itself (``implicit_start``), the thought is owed and its
+    ``start`` optional; otherwise a model with thinking off may begin with the call."""
     schema = {**schema, "x-guidance": {"whitespace_flexible": False}}  # compact, as Day 67
     opener = json.dumps(start) + ("?" if implicit_start else "")
     return "\n".join([
         "start: thought call" if implicit_start else "start: thought? call",
         f"thought: {opener} text",
         f"text[stop={json.dumps(end)}]: /(.|\\n)*/",
-        f"call: /[ \\n]*/ %json {json.dumps(schema)}",
+        f"call: /[ \\n]{{0,{GAP}}}/ %json {json.dumps(schema)}",
     ]) + "\n"
