@@ -69,6 +69,7 @@ QUESTIONS = ["What is the weather in Paris?", "What is 2 plus 3?", "Find the doc
              "How many euros is 10 dollars?", "Book room 4 on floor 2 for standup.",
              "What time is it?"]
 MAX_TOKENS = 128
+VOCAB = 2048  # nanoserve-tiny's vocab_size, the width of the logits and the mask
 THINK = ("<think>", "</think>", False)  # qwen3's markers: a thought the model opens itself
 
 
@@ -81,6 +82,14 @@ def llm():
     from nanoserve import LLM
 
     return LLM(SHIPPED, dtype="float32", max_num_seqs=40)
+
+
+@functools.cache
+def tokenizer():
+    """The shipped tokenizer alone: the mask rows need no model."""
+    from nanoserve.tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(SHIPPED)
 
 
 def prompt(question: str) -> list[int]:
@@ -123,16 +132,16 @@ def specs_agree() -> str:
 def backend():
     from nanoserve.structured.backend import GrammarBackend
 
-    return GrammarBackend.for_tokenizer(llm().tokenizer, 2048, llm().tokenizer.eos_token_ids)
+    return GrammarBackend.for_tokenizer(tokenizer(), VOCAB, tokenizer().eos_token_ids)
 
 
 def allowed_after(grammar_spec, text: str) -> list[str]:
     """The tokens (as text) the spec's mask allows after ``text``."""
     from nanoserve.structured.mask import allowed, fill
 
-    m, tok = backend().matcher(grammar_spec), llm().tokenizer
+    m, tok = backend().matcher(grammar_spec), tokenizer()
     assert m.consume_tokens(tok.encode(text, add_special_tokens=False)), text
-    ok = allowed(fill([m], 2048), 2048)[0]
+    ok = allowed(fill([m], VOCAB), VOCAB)[0]
     return [tok.decode([i], skip_special_tokens=False) for i in ok.nonzero().flatten().tolist()]
 
 
@@ -196,7 +205,7 @@ def thinking() -> str:
     closed = frozen.forced_call_schema(TOOLS, "required")
     grammars = [spec("required", think=THINK),
                 StructuredOutputsParams(grammar=frozen.think_then_call(closed, *THINK))]
-    tok, out = llm().tokenizer, []
+    tok, out = tokenizer(), []
     for label, text in texts.items():
         verdicts = set()
         for g in grammars:
