@@ -88,10 +88,13 @@ class Tokenizer:
         return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tokenize: bool = False, **kwargs) -> str | list[int]:
+                            tokenize: bool = False, tools: list[dict] | None = None,
+                            **kwargs) -> str | list[int]:
         """Render the checkpoint's jinja chat template, as transformers does: in a sandbox
         (``ImmutableSandboxedEnvironment``, ``trim_blocks`` and ``lstrip_blocks``), with
-        ``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token`` and the two
+        ``messages``, ``tools`` (``None`` when there are none, as transformers passes it, so a
+        template's ``tools is none`` holds), ``add_generation_prompt``, ``bos_token``,
+        ``eos_token``, any extra variables in ``kwargs`` (``enable_thinking``), and the two
         functions templates call, ``raise_exception(msg)`` and ``strftime_now(fmt)``. Every
         failure is a ``ValueError`` that says what went wrong: no template, a template that does
         not parse (with its line), the template's own ``raise_exception`` (with its message,
@@ -100,7 +103,8 @@ class Tokenizer:
             raise ValueError("this checkpoint has no chat_template; send a plain prompt instead")
         template = _compile(self.chat_template)
         try:
-            text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+            text = template.render(messages=messages, tools=tools,
+                                   add_generation_prompt=add_generation_prompt,
                                    bos_token=self.bos_token or "", eos_token=self.eos_token or "",
                                    **kwargs)
         except TemplateRaised:

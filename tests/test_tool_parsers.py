@@ -3,8 +3,10 @@
 Each case of ``tool_parser_cases.py`` is read whole (``extract``) and compared with the calls
 and content written down by hand; then streamed, cut at every single point, one character at a
 time, and at a few seeded random multi-cuts, and each stream must give the same calls (name,
-then argument fragments joined) and content (deltas joined) as ``extract``, or, for the cases
-whose call broke after its name went out, the stream written down for it. The JSON scanner is
+then argument fragments joined) and content (deltas joined) as ``extract``: always in the
+default mode, which sends a call once it has been judged whole; with ``early=True`` (vLLM's
+way, arguments streamed as they come) for every case but those whose call broke after its name
+went out, which have the stream written down for them. The JSON scanner is
 checked against the ``json`` module's own idea of where a value ends.
 """
 
@@ -32,8 +34,8 @@ ID_SHAPE = {"hermes": r"call_[A-Za-z0-9]{24}", "llama3_json": r"call_[A-Za-z0-9]
             "mistral": r"[A-Za-z0-9]{9}"}
 
 
-def parser(name: str, tools=TOOLS):
-    return tool_parser_class(name)(tools)
+def parser(name: str, tools=TOOLS, early: bool = False):
+    return tool_parser_class(name)(tools, early=early)
 
 
 def cuts(text: str, seed: int = 0) -> list[list[int]]:
@@ -46,10 +48,10 @@ def cuts(text: str, seed: int = 0) -> list[list[int]]:
     return out
 
 
-def stream(name: str, text: str, at: list[int], tools=TOOLS):
+def stream(name: str, text: str, at: list[int], tools=TOOLS, early: bool = False):
     """Feed ``text`` cut at ``at``, then finish: ``(calls, content, ids)`` with the delta
     shapes checked on the way."""
-    p = parser(name, tools)
+    p = parser(name, tools, early)
     deltas: list[StreamDelta] = []
     prev = 0
     for c in [*at, len(text)]:
@@ -84,11 +86,14 @@ def test_extract_reads_the_text_as_written_down(case: Case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.parser}-{c.id}")
-def test_every_cut_streams_what_extract_reads(case: Case):
+@pytest.mark.parametrize("early", [False, True], ids=["judged", "early"])
+def test_every_cut_streams_what_extract_reads(case: Case, early: bool):
     got = parser(case.parser).extract(case.text)
-    want = case.stream or ([(c.name, c.arguments) for c in got.calls], got.content)
+    want = ([(c.name, c.arguments) for c in got.calls], got.content)
+    if early and case.stream:
+        want = case.stream
     for at in cuts(case.text, seed=len(case.text)):
-        calls, content, ids = stream(case.parser, case.text, at)
+        calls, content, ids = stream(case.parser, case.text, at, early=early)
         assert (calls, content) == want, at
         assert all(re.fullmatch(ID_SHAPE[case.parser], i) for i in ids)
         assert len(set(ids)) == len(ids)
@@ -97,7 +102,7 @@ def test_every_cut_streams_what_extract_reads(case: Case):
 def test_a_stream_that_broke_after_its_name_raises_nothing_and_reads_no_more_calls():
     text = ('<tool_call>{"name": "get_time", "arguments": {"a": ]}</tool_call>\n'
             '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
-    calls, content, _ = stream("hermes", text, list(range(1, len(text))))
+    calls, content, _ = stream("hermes", text, list(range(1, len(text))), early=True)
     assert calls == [("get_time", '{"a": ')]
     assert content.startswith("]}</tool_call>") and content.endswith("</tool_call>")
     assert parser("hermes").extract(text).calls[0].arguments == "{}"
@@ -133,8 +138,8 @@ def test_a_text_with_no_call_holds_back_only_a_possible_marker():
     assert p.finish().content == "[TOOL_"
 
 
-def test_arguments_stream_before_the_call_closes():
-    p = parser("hermes")
+def test_arguments_stream_before_the_call_closes_when_early():
+    p = parser("hermes", early=True)
     d = p.feed('<tool_call>{"name": "search", "arguments": {"q": "long te')
     assert [(c.index, c.name, c.arguments) for c in d.calls] == [
         (0, "search", ""), (0, None, '{"q": "long te')]

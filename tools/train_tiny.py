@@ -31,16 +31,55 @@ from nanoserve.model.text_loss import corpus, encode_stream, evaluate, loss_of
 from nanoserve.model.weights import save_checkpoint
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
-# ChatML's layout (<|im_start|>role ... <|im_end|>), this project's text. The markers are plain
-# text to this vocabulary (it has no token for them), and the model never saw a chat: the
-# template lets chat clients talk to it, not chat well.
-CHAT_TEMPLATE = ("{{- bos_token }}\n"
-                 "{%- for message in messages %}\n"
-                 "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-                 "'<|im_end|>\\n' }}\n"
-                 "{%- endfor %}\n"
-                 "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-                 "{%- endif %}\n")
+# ChatML's layout (<|im_start|>role ... <|im_end|>) with Qwen 2.5's Hermes tools (a system block
+# listing the tools inside <tools></tools>, calls as <tool_call>{...}</tool_call>, results in a
+# user turn as <tool_response>...</tool_response>), this project's text; without tools it renders
+# as the plain ChatML layout always did. The markers are plain text to this vocabulary (it has no
+# token for them), and the model never saw a chat: the template lets chat clients talk to it, and
+# tool-calling clients call it, not chat well. It is nanoserve.testing's qwen2 template behind a
+# BOS (tests/test_chat_render.py holds the three copies equal).
+CHAT_TEMPLATE = (
+    "{{- bos_token }}\n"
+    "{%- if tools %}\n"
+    "{{- '<|im_start|>system\\n' }}\n"
+    "{%- if messages and messages[0]['role'] == 'system' %}"
+    "{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}\n"
+    "{{- '# Tools\\n\\nYou can call the functions below to help with the request.\\n\\n"
+    "Their signatures, one JSON object a line, are inside <tools></tools>:\\n<tools>' }}\n"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}\n"
+    "{{- '\\n</tools>\\n\\nTo call a function, answer with a JSON object holding its name and "
+    "its arguments inside <tool_call></tool_call> tags:\\n<tool_call>\\n{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}\n"
+    "{%- set turns = messages[1:] if messages and messages[0]['role'] == 'system' "
+    "else messages %}\n"
+    "{%- else %}{%- set turns = messages %}{%- endif %}\n"
+    "{%- for message in turns %}\n"
+    "{%- if message['role'] == 'tool' %}\n"
+    "{%- if loop.first or turns[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}\n"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}\n"
+    "{%- if loop.last or turns[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}\n"
+    "{%- else %}\n"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}\n"
+    "{{- message['content'] }}\n"
+    "{%- if message['role'] == 'assistant' and message['tool_calls'] %}\n"
+    "{%- for call in message['tool_calls'] %}\n"
+    "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}\n"
+    "{{- '<tool_call>\\n' }}\n"
+    "{%- set fn = call['function'] if call['function'] is defined else call %}\n"
+    "{{- '{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}\n"
+    "{%- if fn['arguments'] is string %}{{- fn['arguments'] }}"
+    "{%- else %}{{- fn['arguments'] | tojson }}{%- endif %}\n"
+    "{{- '}' }}\n"
+    "{{- '\\n</tool_call>' }}\n"
+    "{%- endfor %}\n"
+    "{%- endif %}\n"
+    "{{- '<|im_end|>\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n")
 
 
 def train_tokenizer(docs: list[str], vocab_size: int) -> Tokenizer:

@@ -19,16 +19,15 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from nanoserve.entrypoints.openai.context import ServingContext, serving
+from nanoserve.entrypoints.openai.chat_render import (  # noqa: F401 (chat_ids, chat_messages: re-exported)
+    chat_ids,
+    chat_messages,
+    chat_prompt,
+)
+from nanoserve.entrypoints.openai.context import serving
 from nanoserve.entrypoints.openai.errors import ApiError
 from nanoserve.entrypoints.openai.fanout import Choice, collect, open_fanout, usage
-from nanoserve.entrypoints.openai.parsing import (
-    budget,
-    check_ids,
-    compile_grammar,
-    jobs_for,
-    open_request,
-)
+from nanoserve.entrypoints.openai.parsing import budget, compile_grammar, jobs_for, open_request
 from nanoserve.entrypoints.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -36,66 +35,11 @@ from nanoserve.entrypoints.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatMessage,
     DeltaMessage,
 )
 from nanoserve.entrypoints.openai.streaming import SSEResponse, sse, sse_events
 
 router = APIRouter()
-
-
-def chat_messages(messages: list[ChatMessage]) -> list[dict]:
-    """The messages as the template reads them: ``{"role", "content"[, "name"]}``."""
-    out = []
-    for k, m in enumerate(messages):
-        content = m.content
-        if content is None and m.role != "assistant":
-            raise ApiError(400, f"messages[{k}]: a {m.role} message needs content", "messages")
-        if isinstance(content, list):
-            bad = next((p.type for p in content if p.type != "text"), None)
-            if bad is not None:
-                raise ApiError(400, f"messages[{k}]: content parts of type {bad!r} are not "
-                                    f"supported (text only)", "messages")
-            if any(p.text is None for p in content):
-                raise ApiError(400, f"messages[{k}]: a text part needs text", "messages")
-            content = "\n".join(p.text for p in content)
-        msg = {"role": m.role, "content": content or ""}
-        if m.name is not None:
-            msg["name"] = m.name
-        out.append(msg)
-    return out
-
-
-def chat_ids(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
-             add_special_tokens: bool = False) -> list[int]:
-    """The token ids of ``messages`` through the chat template; ``add_special_tokens`` adds
-    the tokenizer's own (BOS) on top of what the template writes, as vLLM's ``/tokenize``
-    does. Not checked against the vocabulary or the context: ``chat_prompt`` does that."""
-    tokenizer = ctx.tokenizer
-    if tokenizer is None:
-        raise ApiError(400, "this model was loaded without a tokenizer; chat needs one",
-                       "messages")
-    if tokenizer.chat_template is None:
-        raise ApiError(400, "this model has no chat template; start the server with "
-                            "--chat-template FILE or use /v1/completions", "messages")
-    rendered = chat_messages(messages)
-    try:
-        if add_special_tokens:
-            text = tokenizer.apply_chat_template(
-                rendered, add_generation_prompt=add_generation_prompt, tokenize=False)
-            return tokenizer.encode(text, add_special_tokens=True)
-        return tokenizer.apply_chat_template(
-            rendered, add_generation_prompt=add_generation_prompt, tokenize=True)
-    except ValueError as e:  # the tokenizer says which: no parse, the template's own raise, ...
-        raise ApiError(400, f"{e} (on these messages)", "messages") from None
-    except (TypeError, UnicodeError):  # text JSON carries but no tokenizer reads (a surrogate)
-        raise ApiError(400, "messages are not valid Unicode text", "messages") from None
-
-
-def chat_prompt(ctx: ServingContext, req: ChatCompletionRequest) -> list[int]:
-    ids = chat_ids(ctx, req.messages, req.add_generation_prompt)
-    check_ids(ctx, ids, "messages")
-    return ids
 
 
 @router.post("/chat/completions")

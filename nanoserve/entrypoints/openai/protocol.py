@@ -174,13 +174,14 @@ class TokenizeCompletionRequest(_Strict):
 
 class TokenizeChatRequest(_Strict):
     unsupported: ClassVar[dict[str, tuple]] = {
-        "tools": _OFF, "continue_final_message": _OFF, "chat_template": _OFF,
-        "chat_template_kwargs": _OFF, "mm_processor_kwargs": _OFF}
+        "continue_final_message": _OFF, "chat_template": _OFF, "mm_processor_kwargs": _OFF}
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
     add_special_tokens: bool = False  # on top of what the template writes
     return_token_strs: bool | None = False
+    tools: list[ToolDefinition] | None = None  # rendered as /v1/chat/completions renders them
+    chat_template_kwargs: dict | None = None  # extra variables for the template
 
 
 class DetokenizeRequest(_Strict):

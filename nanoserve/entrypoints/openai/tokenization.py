@@ -6,7 +6,8 @@ tokenizer, not a guess. vLLM serves these two routes beside the OpenAI API and i
 them; nanoserve answers them with the same shapes:
 
 - ``{"prompt": str, "add_special_tokens": true}`` or the chat form ``{"messages": [...],
-  "add_generation_prompt": true, "add_special_tokens": false}`` -> ``{"count",
+  "add_generation_prompt": true, "add_special_tokens": false}`` (with ``tools`` and
+  ``chat_template_kwargs`` as on ``/v1/chat/completions``) -> ``{"count",
   "max_model_len", "tokens", "token_strs"}`` (``token_strs`` with ``return_token_strs``: the
   tokenizer's own token strings, such as ``"Ġthe"``). The chat form goes through ``chat_ids``,
   the very step ``/v1/chat/completions`` takes, so the counts always agree;
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from nanoserve.entrypoints.openai.chat import chat_ids
+from nanoserve.entrypoints.openai.chat_render import chat_ids
 from nanoserve.entrypoints.openai.context import ServingContext, serving
 from nanoserve.entrypoints.openai.errors import ApiError
 from nanoserve.entrypoints.openai.parsing import check_model, encode_text, parse, read_json
@@ -55,7 +56,8 @@ async def tokenize(request: Request):
     check_model(ctx, req)
     if chat:
         need_tokenizer(ctx, "messages")
-        ids = chat_ids(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens)
+        ids = chat_ids(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens,
+                       tools=req.tools, template_kwargs=req.chat_template_kwargs)
     else:
         ids = encode_text(need_tokenizer(ctx, "prompt"), req.prompt, req.add_special_tokens)
     strs = [ctx.tokenizer.tok.id_to_token(t) for t in ids] if req.return_token_strs else None

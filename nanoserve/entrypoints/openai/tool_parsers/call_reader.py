@@ -6,14 +6,18 @@ stream: ``feed`` appends to a buffer and steps a small state machine, and a step
 what no later text could change (a marker half-arrived, such as ``<tool_ca``, stays held).
 ``extract`` runs a fresh copy of that machine over the whole text with ``early = False``.
 
-The one place the two differ is the moment a call is believed. A stream (``early``) sends a
-call's first delta as soon as its name is complete and known and its arguments' ``{`` has
-arrived, then streams the arguments as they come. ``extract`` sends nothing until the whole
-call object has arrived and been judged (valid JSON, a known name, arguments an object). When a
-call judged early turns out broken (its arguments never close, a bracket does not match, the
-JSON is invalid), the stream cannot take it back: the call ends with the arguments that went
-out, the text from where it broke is content, and no further call is read. ``extract`` on the
-same text calls that call content. Well-formed calls are read identically either way.
+The one choice left is the moment a call is believed. By default (``early = False``) a
+stream, like ``extract``, sends nothing of a call until its whole object has arrived and been
+judged (valid JSON, a known name, arguments an object); then it sends the call's first delta
+(id, name, empty arguments) and its arguments in one fragment. So the stream and the whole
+response agree for every output, malformed ones included: broken model output is content in
+both. ``early = True`` is vLLM's way: the first delta goes out as soon as the name is complete
+and known and the arguments' ``{`` has arrived, and the arguments stream as they come. It
+cannot take a call back: when a call sent early turns out broken (its arguments never close,
+a bracket does not match, the JSON is invalid), the call ends with the arguments that went out,
+the text from where it broke is content, and no further call is read, while ``extract`` calls
+the same text content. The server keeps the default: a client never sees a call it cannot
+parse, at the price of receiving each call's arguments at once (Day 80 measures the wait).
 
 Content is kept in *runs* (the stretches between calls): a run of whitespace alone is dropped
 when the response made a call (``content`` is ``None`` for a response that is only calls), and
@@ -138,9 +142,9 @@ class StreamingToolParser(ToolParser):
 
     args_keys: ClassVar[tuple[str, ...]] = ("arguments",)  # keys that may hold the arguments
 
-    def __init__(self, tools: list[dict] | None = None):
+    def __init__(self, tools: list[dict] | None = None, early: bool = False):
         super().__init__(tools)
-        self.early = True          # send a call's name before its object has closed
+        self.early = early         # send a call's name before its object has closed
         self.buf = ""              # received, not yet released
         self.out = StreamDelta()   # what the current feed releases
         self.n_calls = 0
@@ -152,8 +156,7 @@ class StreamingToolParser(ToolParser):
     # the contract
 
     def extract(self, text: str) -> Extracted:
-        twin = type(self)(list(self.tools.values()))
-        twin.early = False
+        twin = type(self)(list(self.tools.values()), early=False)
         twin.make_id = self.make_id
         calls: list[ParsedCall] = []
         content = ""

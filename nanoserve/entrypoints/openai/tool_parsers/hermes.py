@@ -47,8 +47,8 @@ class HermesToolParser(StreamingToolParser):
 
     name = "hermes"
 
-    def __init__(self, tools: list[dict] | None = None):
-        super().__init__(tools)
+    def __init__(self, tools: list[dict] | None = None, early: bool = False):
+        super().__init__(tools, early)
         self.state = "text"   # text | open (buf starts with OPEN) | call | close
 
     def _step(self, final: bool) -> bool:

@@ -45,8 +45,8 @@ class Llama3JsonToolParser(StreamingToolParser):
     name = "llama3_json"
     args_keys = ("parameters", "arguments")
 
-    def __init__(self, tools: list[dict] | None = None):
-        super().__init__(tools)
+    def __init__(self, tools: list[dict] | None = None, early: bool = False):
+        super().__init__(tools, early)
         self.state = "start"  # start | call | sep
 
     def _step(self, final: bool) -> bool:

@@ -58,8 +58,8 @@ class MistralToolParser(StreamingToolParser):
 
     name = "mistral"
 
-    def __init__(self, tools: list[dict] | None = None):
-        super().__init__(tools)
+    def __init__(self, tools: list[dict] | None = None, early: bool = False):
+        super().__init__(tools, early)
         self.state = "text"   # text | mark | name | item | sep | call
         self.after = "text"   # the state after the call being read
 
