@@ -1,8 +1,9 @@
 """Day 79's numbers: a forced tool call as a grammar, on the shipped model.
 
 Everything runs nanoserve-tiny in float32 through ``LLM``, greedy. The chapter's eight tools
-(``TOOLS``) are rendered into each prompt by the checkpoint's chat template; each of the eight
-questions (``QUESTIONS``) is asked once per arm:
+(``TOOLS``) are rendered into the prompts by the checkpoint's chat template, each question
+(``QUESTIONS``) with the half of the tools that holds its own (``half``), and each is asked
+once per arm:
 
 - *named*: question ``i`` with ``tool_choice`` naming tool ``i``, under the package's
   ``forced_call_spec``;
@@ -68,7 +69,8 @@ QUESTIONS = ["What is the weather in Paris?", "What is 2 plus 3?", "Find the doc
              "Email bob that the build broke.", "Wake me at seven.",
              "How many euros is 10 dollars?", "Book room 4 on floor 2 for standup.",
              "What time is it?"]
-MAX_TOKENS = 128
+MAX_TOKENS = 128  # a forced call's budget
+PEEK = 64  # the budget of the arms that never end on their own: no grammar, parallel calls
 VOCAB = 2048  # nanoserve-tiny's vocab_size, the width of the logits and the mask
 THINK = ("<think>", "</think>", False)  # qwen3's markers: a thought the model opens itself
 
@@ -81,7 +83,7 @@ def named(name: str) -> dict:
 def llm():
     from nanoserve import LLM
 
-    return LLM(SHIPPED, dtype="float32", max_num_seqs=40)
+    return LLM(SHIPPED, dtype="float32", max_num_seqs=40, enable_prefix_caching=True)
 
 
 @functools.cache
@@ -92,27 +94,43 @@ def tokenizer():
     return Tokenizer.from_dir(SHIPPED)
 
 
-def prompt(question: str) -> list[int]:
-    """The question after the eight tools, as the chat template renders them."""
+def half(i: int) -> list[dict]:
+    """The tools question ``i`` is asked with: the half of ``TOOLS`` that holds its own tool
+    (all eight, rendered, would not fit the shipped model's context with room to answer)."""
+    return TOOLS[:4] if i < 4 else TOOLS[4:]
+
+
+def render(messages: list[dict], tools: list[dict] | None, tokenize: bool = True):
+    """``messages`` (OpenAI's wire shape) and ``tools`` through the server's own rendering
+    (``chat_render``: tool-call arguments parsed, tools passed to the template)."""
+    from nanoserve.entrypoints.openai.chat_render import chat_messages, template_vars
+    from nanoserve.entrypoints.openai.protocol import ChatMessage, ToolDefinition
+
+    defs = None if tools is None else [ToolDefinition(function=t) for t in tools]
     return llm().tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tools=[{"type": "function", "function": t}
-                                                        for t in TOOLS], tokenize=True)
+        chat_messages([ChatMessage(**m) for m in messages]), add_generation_prompt=True,
+        tokenize=tokenize, **template_vars(defs, None))
 
 
-def spec(choice, parallel: bool = True, think=None):
+def prompt(question: str, tools: list[dict]) -> list[int]:
+    """The question after ``tools``, as the server renders them."""
+    return render([{"role": "user", "content": question}], tools)
+
+
+def spec(choice, parallel: bool = True, think=None, tools: list[dict] = TOOLS):
     from nanoserve.structured.tools import forced_call_spec
 
-    return forced_call_spec(TOOLS, choice, parallel, think)
+    return forced_call_spec(tools, choice, parallel, think)
 
 
-def parser(choice):
+def parser(choice, tools: list[dict] = TOOLS):
     from nanoserve.entrypoints.openai.tool_parsers.forced import (
         NamedCallParser,
         RequiredCallsParser,
     )
 
     name = frozen.chosen(choice)
-    return RequiredCallsParser(TOOLS) if name is None else NamedCallParser(TOOLS, name)
+    return RequiredCallsParser(tools) if name is None else NamedCallParser(tools, name)
 
 
 # ------------------------------------------------------------------ the spec and the snapshot
@@ -219,12 +237,12 @@ def thinking() -> str:
 # ------------------------------------------------------------------ the model
 
 
-def _validates(choice, text: str) -> bool:
+def _validates(choice, tools: list[dict], text: str) -> bool:
     """Whether ``text``, read by the package's parser, is one or more calls whose arguments
     validate against their function's schema."""
     import jsonschema
 
-    calls = parser(choice).extract(text).calls
+    calls = parser(choice, tools).extract(text).calls
     by_name = {t["name"]: frozen.parameters(t) for t in TOOLS}
     try:
         for c in calls:
@@ -236,47 +254,76 @@ def _validates(choice, text: str) -> bool:
 
 @functools.cache
 def runs() -> dict:
-    """Every arm's outputs, from one ``generate`` of all of them batched together."""
+    """Every arm's ``(choice, tools, output)`` rows, from one ``generate`` of them all."""
     from nanoserve import SamplingParams
     from nanoserve.structured.params import StructuredOutputsParams
 
-    ids = [prompt(q) for q in QUESTIONS]
+    tools = [half(i) for i in range(len(QUESTIONS))]
+    ids = [prompt(q, ts) for q, ts in zip(QUESTIONS, tools, strict=True)]
     nam, req = [named(t["name"]) for t in TOOLS], ["required"] * len(TOOLS)
 
-    def forced(so) -> SamplingParams:
-        return SamplingParams(max_tokens=MAX_TOKENS, temperature=0, structured_outputs=so)
-    arms = {  # arm -> (the choice each prompt was read as, its sampling params)
-        "named": (nam, [forced(spec(c, parallel=False)) for c in nam]),
-        "required": (req, [forced(spec(c, parallel=False)) for c in req]),
-        "free": (nam, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0)] * len(ids)),
-        "parallel": (req, [forced(spec(c, parallel=True)) for c in req]),
-        "loose": (nam, [forced(StructuredOutputsParams(json=frozen.parameters(t)))
-                        for t in TOOLS]),
+    def forced(choices, parallel: bool) -> list[SamplingParams]:
+        return [SamplingParams(max_tokens=PEEK if parallel else MAX_TOKENS, temperature=0,
+                               structured_outputs=spec(c, parallel, tools=ts))
+                for c, ts in zip(choices, tools, strict=True)]
+    arms = {  # arm -> (the choice each prompt is read as, its sampling params)
+        "named": (nam, forced(nam, False)),
+        "required": (req, forced(req, False)),
+        "free": (nam, [SamplingParams(max_tokens=PEEK, temperature=0)] * len(ids)),
+        "parallel": (req, forced(req, True)),
+        "loose": (nam, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
+                                       structured_outputs=StructuredOutputsParams(
+                                           json=frozen.parameters(t))) for t in TOOLS]),
     }
+    # the tools are a long prefix each half shares: prefill one prompt of each half first, so
+    # that the batch finds their blocks in the prefix cache
+    llm().generate([ids[0], ids[-1]], SamplingParams(max_tokens=1))
     outs = iter(llm().generate(ids * len(arms), [p for _, ps in arms.values() for p in ps]))
-    out = {arm: [(c, next(outs)) for c in cs] for arm, (cs, _) in arms.items()}
+    out = {arm: [(c, ts, next(outs)) for c, ts in zip(cs, tools, strict=True)]
+           for arm, (cs, _) in arms.items()}
     # the free outputs, read as required calls too: 16 readings of 8 texts
-    out["free"] += [(c, o) for c, (_, o) in zip(req, out["free"], strict=True)]
+    out["free"] += [(c, ts, o) for c, (_, ts, o) in zip(req, out["free"], strict=True)]
     return out
+
+
+def prompt_tokens() -> str:
+    q = QUESTIONS[0]
+    return f"{len(prompt(q, half(0))):,} with the first four tools; " \
+           f"{len(render([{'role': 'user', 'content': q}], None)):,} without"
+
+
+HISTORY = [{"role": "user", "content": QUESTIONS[1]},
+           {"role": "assistant", "content": None, "tool_calls": [
+               {"id": "call_1", "type": "function",
+                "function": {"name": "add", "arguments": '{"a":2,"b":3}'}}]},
+           {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
+
+
+def round_trip() -> str:
+    """The history's call and result as the template writes them (between their tags)."""
+    text = render(HISTORY, half(1), tokenize=False)
+    call = text.split("<tool_call>\n")[-1].split("\n</tool_call>")[0]  # the last: the call
+    result = text.split("<tool_response>\n")[1].split("\n</tool_response>")[0]
+    return f"call: {call}; result: {result}"
 
 
 def valid(arm: str) -> str:
     rows = runs()[arm]
-    return f"{sum(_validates(c, o.text) for c, o in rows)} of {len(rows)}"
+    return f"{sum(_validates(c, ts, o.text) for c, ts, o in rows)} of {len(rows)}"
 
 
 def right_function() -> str:
     rows = runs()["required"]
     hits = sum(frozen.read_forced(o.text, c)[0][0] == t["name"]
-               for (c, o), t in zip(rows, TOOLS, strict=True))
+               for (c, _, o), t in zip(rows, TOOLS, strict=True))
     return f"{hits} of {len(rows)}"
 
 
 def parallel_ends() -> str:
     rows = runs()["parallel"]
-    ended = sum(o.finish_reason == "stop" for _, o in rows)
-    calls = sum(len(frozen.read_forced(o.text, c)) for c, o in rows if o.finish_reason == "stop")
-    return f"{ended} of {len(rows)} end within {MAX_TOKENS} tokens ({calls} calls in those)"
+    ended = sum(o.finish_reason == "stop" for _, _, o in rows)
+    begun = sum(o.text.count('{"name":"') for _, _, o in rows)
+    return f"{ended} of {len(rows)} end within {PEEK} tokens; calls begun: {begun}"
 
 
 def extra_keys() -> str:
@@ -289,8 +336,8 @@ def extra_keys() -> str:
             return False
         params = frozen.parameters(next(t for t in TOOLS if t["name"] == name))
         return bool(keys - set(params["properties"]))
-    loose = sum(extra(o.text, frozen.chosen(c)) for c, o in runs()["loose"])
-    strict = sum(extra(o.text, frozen.chosen(c)) for c, o in runs()["named"])
+    loose = sum(extra(o.text, frozen.chosen(c)) for c, _, o in runs()["loose"])
+    strict = sum(extra(o.text, frozen.chosen(c)) for c, _, o in runs()["named"])
     return f"open: {loose} of {len(TOOLS)}; strict: {strict} of {len(TOOLS)}"
 
 
@@ -303,11 +350,11 @@ def read_back() -> str:
     whole = streamed = 0
     tok = llm().tokenizer
     rows = runs()["named"] + runs()["required"]
-    for c, o in rows:
+    for c, ts, o in rows:
         want = frozen.read_forced(o.text, c)
-        got = parser(c).extract(o.text)
+        got = parser(c, ts).extract(o.text)
         whole += [(x.name, x.arguments) for x in got.calls] == want and got.content is None
-        p, pieces = parser(c), []
+        p, pieces = parser(c, ts), []
         for i in range(len(o.token_ids)):
             pieces.append(p.feed(tok.decode(o.token_ids[:i + 1])[len(tok.decode(
                 o.token_ids[:i])):]))
@@ -333,6 +380,10 @@ CLAIMS = [
           "grammar allows", one_call),
     exact("book_room with its room under $defs and a $ref to it", defs_refused),
     exact("the thinking grammar (qwen3's markers), package and snapshot", thinking),
+    exact("prompt tokens for the first question, rendered with its tools and without",
+          prompt_tokens),
+    exact("a history sent back: the assistant's call (arguments '{\"a\":2,\"b\":3}') and the "
+          "tool's result '5', as the template renders them", round_trip),
     exact("named calls, one per function, greedy: arguments that validate", lambda: valid("named")),
     exact("required calls, parallel_tool_calls false, one per question: calls that validate",
           lambda: valid("required")),

@@ -65,12 +65,12 @@ for prefix in ["", '[{"name":"', '[{"name":"get_weather","parameters":{"city":"P
 from nanoserve import SamplingParams  # noqa: E402
 
 question = claims.QUESTIONS[1]  # "What is 2 plus 3?"
-ids = claims.prompt(question)
-print(f"{len(ids)} prompt tokens with the eight tools rendered")
+ids = claims.prompt(question, claims.half(1))
+print(f"{len(ids)} prompt tokens with the first four tools rendered")
 texts = {}
 for choice in (claims.named("add"), "required"):
-    sp = SamplingParams(max_tokens=claims.MAX_TOKENS, temperature=0,
-                        structured_outputs=claims.spec(choice, parallel=False))
+    grammar = claims.spec(choice, parallel=False, tools=claims.half(1))
+    sp = SamplingParams(max_tokens=claims.MAX_TOKENS, temperature=0, structured_outputs=grammar)
     out = claims.llm().generate([ids], sp)[0]
     texts[json.dumps(choice)] = (choice, out)
     print(f"{json.dumps(choice):55} {out.finish_reason:6} {out.text}")
