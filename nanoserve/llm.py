@@ -76,13 +76,19 @@ class RequestOutput:
     finish_iteration: int | None = None  # the iteration (1-based) that produced its last token
     num_preemptions: int = 0
     logprobs: list | None = None  # one TokenLogprob per token when params.logprobs is set
+    # params.prompt_logprobs, as vLLM: None for the first prompt token (nothing precedes it),
+    # then one TokenLogprob per prompt token under the raw model
+    prompt_logprobs: list | None = None
 
     @classmethod
     def of(cls, r: Request, prompt: str | None) -> RequestOutput:
-        wanted = r.params is not None and r.params.logprobs is not None
+        sp = r.params
+        wanted = sp is not None and sp.logprobs is not None
+        prompt_lp = None if sp is None or sp.prompt_logprobs is None else \
+            [None, *r.prompt_logprobs]
         return cls(r.request_id, prompt, r.prompt_token_ids, r.output_token_ids, r.text,
                    r.finish_reason, r.stop_reason, r.metrics, r.finish_iteration,
-                   r.num_preemptions, list(r.logprobs) if wanted else None)
+                   r.num_preemptions, list(r.logprobs) if wanted else None, prompt_lp)
 
 
 # Stats fields read off the core's snapshot, by the snapshot's name where it differs.

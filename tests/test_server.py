@@ -301,9 +301,10 @@ def test_chat_default_budget_is_the_context(tiny):
     ({"prompt": "x", "min_tokens": 5, "max_tokens": 2}, "min_tokens"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "x", "suffix": "y"}, "suffix"),
-    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "stream": True, "prompt_logprobs": 2}, "prompt_logprobs"),  # as vLLM
     ({"prompt": "x", "best_of": 2}, "best_of"),
-    ({"prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),  # outside the vocabulary
+    ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias"),  # not a token id
     ({"prompt": "x", "tools": [{"type": "function"}]}, "tools"),
     ({"prompt": "x", "response_format": {"type": "xml"}}, "response_format"),
     ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format"),
@@ -336,6 +337,7 @@ def test_completion_400_names_the_param(tiny, body, param):
     ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}, "tool_choice"),
     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
      "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "echo": True}, "echo"),
 ])
 def test_chat_400_names_the_param(tiny, body, param):
     err = error_of(post(tiny, "/v1/chat/completions", body), 400)

@@ -1,13 +1,16 @@
 """Day 80's claims: the package's tool-call and reasoning parsers read a stream cut anywhere
-exactly as they read the whole response, turn every malformed call into content, and agree
-with the snapshot.
+as they read the whole response, turn every malformed call into content, and agree with the
+snapshot; and what vLLM's early sending of a call would change.
 
 For every case of the corpus (``corpus.py``, written by hand in each format) the whole response
 is read once, then streamed in every cut ``streams.cuts`` makes: each two-piece split and the
 split into single characters. A stream's content pieces joined must equal the whole reading's
 content and each call's name and argument pieces joined must equal its call; a mismatch
-anywhere counts. Exceptions are caught and counted. The snapshot's Hermes reader and think
-splitter are held to the package on the same corpus, and a reader that holds nothing back is run
+anywhere counts. Exceptions are caught and counted. Every tool parser runs twice: in the
+server's default mode, which sends a call once its whole object has been judged, and with
+``early=True``, vLLM's, which sends it once its name is known and streams the arguments. The
+snapshot's Hermes reader, which has the same switch, is held to the package in both modes; its
+think splitter is held to the reasoning parsers; a reader that holds nothing back is run
 through the same test to show it can fail.
 """
 
@@ -24,6 +27,7 @@ from . import streams as st
 from .snapshot import hermes as snap_hermes
 
 FORMATS = tuple(cp.FORMATS)
+MODES = (False, True)  # early: the server's default, then vLLM's
 REASONING = ("qwen3", "deepseek_r1")
 IMPLICIT = {"qwen3": False, "deepseek_r1": True}
 
@@ -37,9 +41,9 @@ def expected(case: cp.Case, reading: st.Reading) -> bool:
 
 
 @functools.cache
-def tool_run(fmt: str) -> dict:
+def tool_run(fmt: str, early: bool = False) -> dict:
     """Every case of ``fmt`` through the package, whole and in every cut."""
-    parser = st.PackageTools(fmt, cp.TOOLS)
+    parser = st.PackageTools(fmt, cp.TOOLS, early)
     out = {"streams": 0, "violations": 0, "exceptions": 0, "ids": [], "held": 0,
            "as_expected": 0, "content": {k: 0 for k in cp.MALFORMED},
            "differ": {"valid": 0, "malformed": 0}, "tried": {"valid": 0, "malformed": 0},
@@ -93,9 +97,18 @@ def cases(fmt: str) -> str:
     return f"{valid} and {len(kinds) - valid}"
 
 
-def differ(fmt: str, side: str) -> str:
-    r = tool_run(fmt)
+def differ(fmt: str, side: str, early: bool = False) -> str:
+    r = tool_run(fmt, early)
     return f"{r['differ'][side]:,} of {r['tried'][side]:,}"
+
+
+def both(measure) -> str:
+    """A measure of one mode, judged and then early: ``"0 of 343 and 153 of 343"``."""
+    return " and ".join(measure(e) for e in MODES)
+
+
+def total(key: str, early: bool) -> int:
+    return sum(tool_run(f, early)[key] for f in FORMATS)
 
 
 def malformed(kind: str) -> str:
@@ -104,22 +117,41 @@ def malformed(kind: str) -> str:
 
 
 def ids_of(fmts: tuple[str, ...], pattern: str) -> str:
-    ids = [i for f in fmts for i in tool_run(f)["ids"]]
+    ids = [i for f in fmts for e in MODES for i in tool_run(f, e)["ids"]]
     return f"{sum(bool(re.fullmatch(pattern, i)) for i in ids):,} of {len(ids):,}"
 
 
-def unknown_called() -> str:
-    return of(tuple(sum(tool_run(f)[k] for f in FORMATS)
-                    for k in ("unknown_called", "unknown_streams")))
+def unknown_called(early: bool) -> str:
+    return of((total("unknown_called", early), total("unknown_streams", early)))
+
+
+def held(fmt: str) -> int:
+    return max(tool_run(fmt, e)["held"] for e in MODES)
+
+
+@functools.cache
+def arg_waits(fmt: str, early: bool) -> tuple[int, ...]:
+    """Call cases fed one character at a time: for each argument character, how many characters
+    arrived after it before it went out."""
+    reader = st.PackageTools(fmt, cp.TOOLS, early)
+    return tuple(w for c in cp.FORMATS[fmt] if c.kind == "call"
+                 for w in st.argument_waits(reader, c.text))
+
+
+def mean_wait(fmt: str, early: bool) -> str:
+    waits = arg_waits(fmt, early)
+    return f"{sum(waits) / len(waits):.1f}"
 
 
 # ---------------------------------------------------------------- the snapshot
 
 
 @functools.cache
-def hermes_agreement() -> tuple[int, int]:
-    """The package's hermes parser against the snapshot: whole readings and every stream."""
-    pkg, snap = st.PackageTools("hermes", cp.TOOLS), st.SnapshotHermes(cp.NAMES)
+def hermes_agreement(early: bool = False) -> tuple[int, int]:
+    """The package's hermes parser against the snapshot, both in one mode: whole readings and
+    every stream."""
+    pkg = st.PackageTools("hermes", cp.TOOLS, early)
+    snap = st.SnapshotHermes(cp.NAMES, early=early)
     same = total = 0
     for case in cp.HERMES:
         total += 1
@@ -143,7 +175,7 @@ class HoldsNothing(snap_hermes.HermesStream):
 
 
 @functools.cache
-def snapshot_run(stream_cls=None, early: bool = True) -> tuple[int, int]:
+def snapshot_run(stream_cls=None, early: bool = False) -> tuple[int, int]:
     """(streams that differ from the whole reading, streams) for a snapshot-shaped reader over
     the whole Hermes corpus."""
     snap = st.SnapshotHermes(cp.NAMES, stream_cls, early)
@@ -154,16 +186,6 @@ def snapshot_run(stream_cls=None, early: bool = True) -> tuple[int, int]:
             total += 1
             differ_ += snap.stream(pieces).reading != whole
     return differ_, total
-
-
-def mean_wait(reader) -> float:
-    waits = [w for c in cp.HERMES if c.kind == "call" for w in st.argument_waits(reader, c.text)]
-    return sum(waits) / len(waits)
-
-
-def waits() -> str:
-    early, held = (mean_wait(st.SnapshotHermes(cp.NAMES, early=e)) for e in (True, False))
-    return f"{early:.1f} and {held:.1f}"
 
 
 # ---------------------------------------------------------------- reasoning
@@ -213,35 +235,39 @@ CLAIMS = [
             lambda f=f: f"{tool_run(f)['streams']:,}") for f in FORMATS),
     *(exact(f"{f}: whole readings as the case's class says",
             lambda f=f: f"{tool_run(f)['as_expected']} of {len(cp.FORMATS[f])}") for f in FORMATS),
-    *(exact(f"{f}: streams of the valid cases that differ from the whole reading",
-            functools.partial(differ, f, "valid")) for f in FORMATS),
-    *(exact(f"{f}: streams of the malformed cases that differ from the whole reading",
-            functools.partial(differ, f, "malformed")) for f in FORMATS),
+    *(exact(f"{f}: streams of the valid cases that differ from the whole reading, judged and "
+            "early", lambda f=f: both(functools.partial(differ, f, "valid"))) for f in FORMATS),
+    *(exact(f"{f}: streams of the malformed cases that differ from the whole reading, judged "
+            "and early", lambda f=f: both(functools.partial(differ, f, "malformed")))
+      for f in FORMATS),
     *(exact(f"{k}: whole readings that give the whole text back as content, three formats",
             functools.partial(malformed, k)) for k in cp.MALFORMED),
-    exact("unknown name: streams that sent a call", unknown_called),
-    exact("malformed cases' streams: calls sent, and of them arguments that json.loads reads",
-          lambda: "{:,} and {:,}".format(*(sum(tool_run(f)[k] for f in FORMATS)
-                                           for k in ("broken_calls", "broken_parse")))),
-    exact("exceptions raised by the three tool parsers, whole and streamed",
-          lambda: sum(tool_run(f)["exceptions"] for f in FORMATS)),
-    exact("deltas out of OpenAI's shape, all streams of the three formats",
-          lambda: sum(tool_run(f)["violations"] for f in FORMATS)),
+    exact("unknown name: streams that sent a call, judged and early",
+          lambda: both(unknown_called)),
+    exact("malformed cases' streams: calls sent, judged and early",
+          lambda: both(lambda e: f"{total('broken_calls', e):,}")),
+    exact("malformed cases' streams, early: calls sent whose arguments json.loads reads",
+          lambda: of((total("broken_parse", True), total("broken_calls", True)))),
+    exact("exceptions raised by the three tool parsers, whole and streamed, both modes",
+          lambda: sum(total("exceptions", e) for e in MODES)),
+    exact("deltas out of OpenAI's shape, all streams of the three formats, both modes",
+          lambda: sum(total("violations", e) for e in MODES)),
     exact("hermes and llama3_json call ids that are call_ and 24 letters and digits",
           lambda: ids_of(("hermes", "llama3_json"), r"call_[A-Za-z0-9]{24}")),
     exact("mistral call ids that are 9 letters and digits",
           lambda: ids_of(("mistral",), r"[A-Za-z0-9]{9}")),
     exact("hermes: most characters held back from text, the marker <tool_call> being 11",
-          lambda: tool_run("hermes")["held"]),
+          lambda: held("hermes")),
     exact("mistral: most characters held back from text, the marker [TOOL_CALLS] being 12",
-          lambda: tool_run("mistral")["held"]),
-    exact("the package's hermes parser equal to the snapshot, whole readings and streams",
-          lambda: of(hermes_agreement())),
-    exact("the snapshot run with early=False: streams that differ from the whole reading",
-          lambda: of(snapshot_run(early=False))),
-    exact("hermes call cases fed one character at a time: characters an argument character "
-          "waits on average, early and not", waits),
-    exact("the snapshot run with early=False, holding nothing back: streams that differ from "
+          lambda: held("mistral")),
+    *(exact(f"{f} call cases fed one character at a time: characters an argument character "
+            "waits on average, judged and early",
+            lambda f=f: both(functools.partial(mean_wait, f))) for f in FORMATS),
+    exact("call cases of the three formats, judged: the most characters an argument character "
+          "waits", lambda: max(max(arg_waits(f, False)) for f in FORMATS)),
+    exact("the package's hermes parser equal to the snapshot, whole readings and streams, "
+          "judged and early", lambda: both(lambda e: of(hermes_agreement(e)))),
+    exact("the snapshot judging calls whole, holding nothing back: streams that differ from "
           "the whole reading",
           lambda: of(snapshot_run(HoldsNothing, early=False))),
     *(exact(f"{n}: streams whose reasoning and content differ from the whole split",

@@ -7,10 +7,11 @@ writes build/figures/day80_parsing_streams/one-call.png. The top strip is the re
 cell per character, coloured by what the whole reading makes of it: content, markup (the
 markers and the JSON around the name and the arguments, which no client sees), the name and
 the arguments. Below it, for a stream fed one character at a time, the number of characters
-that arrive after each one before it goes out: the package's reader, which sends a call as
-soon as its name is known (the snapshot agrees), and the snapshot run with ``early=False``,
-which sends a call only once its object has closed and been judged. A tail that could still
-become ``<tool_call>`` waits until it cannot; markup never goes out.
+that arrive after each one before it goes out, in the package's two modes: the server's
+default, which sends a call only once its object has closed and been judged, and
+``early=True``, vLLM's, which sends a call as soon as its name is known and streams its
+arguments (the snapshot agrees with both). A tail that could still become ``<tool_call>``
+waits until it cannot; markup never goes out.
 
 Nothing is timed; the waits are counted in characters fed.
 """
@@ -67,10 +68,10 @@ def waits(reader, text: str, role: list[str]) -> list[int | None]:
 
 def main() -> None:
     role = roles(EXAMPLE)
-    readers = [("the package: a call goes out once its name is known",
+    readers = [("the server's default: a call goes out once its object is judged",
                 st.PackageTools("hermes", cp.TOOLS)),
-               ("the snapshot with early=False: a call goes out once its object is judged",
-                st.SnapshotHermes(cp.NAMES, early=False))]
+               ("early=True, vLLM's: a call goes out once its name is known",
+                st.PackageTools("hermes", cp.TOOLS, early=True))]
     fig, axes = figure(width=12, height=6.4, nrows=1 + len(readers), sharex=True,
                        gridspec_kw={"height_ratios": [0.55] + [1] * len(readers)})
     x = range(len(EXAMPLE))

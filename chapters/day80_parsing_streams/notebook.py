@@ -9,8 +9,9 @@
 #
 # With `tool_choice: "auto"` the model writes its calls in its own format and the server reads
 # them as the text streams in. This notebook shows what a stream must hold back, reads one
-# response in each format, cuts a Hermes call inside its marker, breaks a call after its name,
-# and splits a thinking model's `<think>` block two ways. It runs in seconds on a CPU.
+# response in each format, cuts a Hermes call inside its marker, breaks a call after its name
+# in the server's default mode and in vLLM's early one, and splits a thinking model's `<think>`
+# block two ways. It runs in seconds on a CPU.
 
 # %%
 import pathlib
@@ -63,18 +64,22 @@ for fmt, text in examples.items():
 # ## 3. A stream cut inside the marker
 #
 # The first delta ends in `<tool`. The parser sends the text before it and holds the rest;
-# the next delta completes the marker, and the call's first delta goes out once its name is
-# known and its arguments have opened.
+# the next delta completes the marker. In the server's default mode the call goes out, name
+# and arguments together, once its object has closed and been judged; with `early=True`
+# (vLLM's way) its first delta goes out once the name is known and the arguments have opened,
+# and the arguments follow as they arrive.
 
 # %%
 text = examples["hermes"]
 cut = text.index("<tool_call>") + len("<tool")
-p = tool_parser_class("hermes")(corpus.TOOLS)
-for piece in (text[:cut], text[cut:cut + 30], text[cut + 30:], None):
-    d = p.feed(piece) if piece is not None else p.finish()
-    label = "finish" if piece is None else repr(piece)
-    calls = [(c.index, c.name, c.arguments) for c in d.calls]
-    print(f"{label:40} content={d.content!r} calls={calls}")
+for early in (False, True):
+    print(f"early={early}")
+    p = tool_parser_class("hermes")(corpus.TOOLS, early=early)
+    for piece in (text[:cut], text[cut:cut + 30], text[cut + 30:cut + 45], text[cut + 45:], None):
+        d = p.feed(piece) if piece is not None else p.finish()
+        label = "finish" if piece is None else repr(piece)
+        calls = [(c.index, c.name, c.arguments) for c in d.calls]
+        print(f"   {label:36} content={d.content!r} calls={calls}")
 
 # %% [markdown]
 # ## 4. Every cut
@@ -89,22 +94,27 @@ runs = [reader.stream(pieces) for pieces in streams.cuts(text)]
 print("streams:", len(runs), " differing from the whole reading:",
       sum(r.reading != whole for r in runs), " shape violations:",
       sum(r.violations for r in runs))
-for fmt in claims.FORMATS:
-    print(f"{fmt:12} valid streams differing: {claims.differ(fmt, 'valid'):>10}   "
-          f"malformed streams differing: {claims.differ(fmt, 'malformed')}")
+for early in claims.MODES:
+    print(f"early={early}")
+    for fmt in claims.FORMATS:
+        print(f"   {fmt:12} valid streams differing: {claims.differ(fmt, 'valid', early):>10}   "
+              f"malformed streams differing: {claims.differ(fmt, 'malformed', early)}")
 
 # %% [markdown]
 # ## 5. A call that breaks after its name
 #
-# The stream has sent the call by the time the stray comma arrives; it cannot take the call
-# back. The whole reading judges the object once it has closed, and makes it all content. The
-# snapshot shows the same thing, and with `early=False` its stream waits and agrees.
+# The whole reading judges the object once it has closed, and makes it all content. The
+# default stream waits for the same judgement and agrees. An early stream has sent the call by
+# the time the stray comma arrives, and cannot take it back. The snapshot, with the same
+# switch, does the same in each mode.
 
 # %%
 broken = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris",}}\n</tool_call>'
-print("whole :", reader.whole(broken)[0])
-print("stream:", reader.stream(list(broken)).reading)
-for early in (True, False):
+print("whole        :", reader.whole(broken)[0])
+print("stream       :", reader.stream(list(broken)).reading)
+early_reader = streams.PackageTools("hermes", corpus.TOOLS, early=True)
+print("stream, early:", early_reader.stream(list(broken)).reading)
+for early in (False, True):
     snap = streams.SnapshotHermes(corpus.NAMES, early=early)
     print(f"snapshot early={early}: stream {snap.stream(list(broken)).reading}")
 print("whole, snapshot:", hermes.extract(broken, corpus.NAMES))

@@ -104,20 +104,21 @@ def argument_waits(reader, text: str) -> list[int]:
 
 
 class PackageTools:
-    """A ``nanoserve`` tool parser, by its ``--tool-call-parser`` name."""
+    """A ``nanoserve`` tool parser, by its ``--tool-call-parser`` name, in the server's default
+    mode (a call sent once judged whole) or with ``early=True`` (vLLM's: sent once named)."""
 
-    def __init__(self, name: str, tools: list[dict]):
+    def __init__(self, name: str, tools: list[dict], early: bool = False):
         from nanoserve.entrypoints.openai.tool_parsers import tool_parser_class
 
-        self.cls, self.tools = tool_parser_class(name), tools
+        self.cls, self.tools, self.early = tool_parser_class(name), tools, early
 
     def whole(self, text: str) -> tuple[Reading, list[str]]:
-        e = self.cls(self.tools).extract(text)
+        e = self.cls(self.tools, early=self.early).extract(text)
         return (Reading(e.content or "", tuple((c.name, c.arguments) for c in e.calls)),
                 [c.id for c in e.calls])
 
     def feeders(self):
-        p = self.cls(self.tools)
+        p = self.cls(self.tools, early=self.early)
 
         def unpack(d):
             return d.content, [(c.index, c.id, c.name, c.arguments) for c in d.calls]
@@ -131,7 +132,7 @@ class PackageTools:
 class SnapshotHermes:
     """The snapshot's Hermes reader (it makes no ids: a first delta is marked by its name)."""
 
-    def __init__(self, names: set[str], stream_cls=None, early: bool = True):
+    def __init__(self, names: set[str], stream_cls=None, early: bool = False):
         from .snapshot import hermes
 
         self.h, self.names, self.early = hermes, names, early

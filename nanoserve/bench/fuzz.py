@@ -40,8 +40,8 @@ SAMPLING_OUT_OF_RANGE = {
 }
 UNSUPPORTED = {"tools": [{"type": "function", "function": {"name": "f"}}],
                "tool_choice": "auto", "guided_regex": "a+",
-               "functions": [{"name": "f"}], "logit_bias": {"5": 10}, "suffix": "end",
-               "echo": True, "best_of": 3, "parallel_tool_calls": True,
+               "functions": [{"name": "f"}], "logit_bias": {"99999999": 10}, "suffix": "end",
+               "prompt_logprobs": -1, "best_of": 3, "parallel_tool_calls": "yes",
                "guided_json": {"type": "object"}, "prediction": {"type": "content"}}
 
 

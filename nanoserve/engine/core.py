@@ -79,6 +79,7 @@ class _Tracked:
     sent_tokens: int = 0
     sent_chars: int = 0
     hold_back: int = 0  # characters a stop string could still claim
+    sent_prompt_logprobs: bool = False
     error: str | None = None
 
 
@@ -283,10 +284,15 @@ class EngineCore:
         new_text = visible[t.sent_chars:]
         t.sent_tokens += len(new_ids)
         t.sent_chars = max(t.sent_chars, len(visible))
+        prompt_lp = None
+        if (r.params is not None and r.params.prompt_logprobs is not None
+                and not t.sent_prompt_logprobs and r.output_token_ids):
+            t.sent_prompt_logprobs = True
+            prompt_lp = [None, *r.prompt_logprobs]
         return RequestDelta(r.request_id, list(new_ids), new_text, new_lp, done,
                             r.finish_reason if done else None, r.stop_reason if done else None,
                             len(r.prompt_token_ids), len(r.output_token_ids),
-                            t.error if done else None)
+                            t.error if done else None, prompt_lp)
 
     # ------------------------------------------------------------------ what it holds
 

@@ -40,6 +40,7 @@ import torch
 from nanoserve.attention.paged import BatchedPagedKVCache
 from nanoserve.config import PREFILL_POLICIES
 from nanoserve.cuda.graphs import DecodeGraphs, ReplayCounters
+from nanoserve.engine import prompt_logprobs
 from nanoserve.engine.block_allocator import BlockAllocator
 from nanoserve.engine.kv_manager import KVCacheManager
 from nanoserve.engine.request import Request
@@ -279,7 +280,7 @@ class Engine:
             self.sync_blocks(r)
         rows = [r.slot for r in requests]
         if prefill:
-            logits = self.prefill(rows, token_lists)  # (B, V)
+            logits = self._prefill_logits(requests, rows, token_lists)  # (B, V)
         else:
             logits = self.decode(rows, [t for (t,) in token_lists], hold)  # (B, V)
         if sample is not None and not all(sample):
@@ -290,6 +291,17 @@ class Engine:
             logits = logits[torch.tensor(keep, device=logits.device)]  # (B', V)
         tokens = sample_requests(logits, requests)
         return [r for r, t in zip(requests, tokens, strict=True) if r.append_token(t)]
+
+    def _prefill_logits(self, requests: list[Request], rows: list[int],
+                        token_lists: list[list[int]]) -> torch.Tensor:
+        """``prefill``'s (B, V); where a row asks for prompt logprobs, a ``score`` over the
+        positions it needs instead, recorded on the way (``prompt_logprobs.py``)."""
+        starts, lens = [self.cache.lengths[r] for r in rows], [len(t) for t in token_lists]
+        want = prompt_logprobs.plan(requests, starts, lens)
+        if want is None:
+            return self.prefill(rows, token_lists)
+        logits = self.score(rows, token_lists, want)  # (sum(want), V)
+        return prompt_logprobs.record(logits, requests, starts, lens, want)
 
     @torch.inference_mode()
     def step(self, out) -> list[Request]:
@@ -344,6 +356,7 @@ class Engine:
             ids = torch.tensor([seq], device=self.device)  # (1, T)
             h = self.model(ids, torch.arange(len(seq), device=self.device)[None])  # (1, T, E)
             self._count(1, len(seq), len(seq))
+            prompt_logprobs.record_whole(self.model.compute_logits, h[0], r)
             token = sample_requests(self.model.compute_logits(h[:, -1]), [r])[0]
             if r.append_token(token):
                 finished.append(r)

@@ -246,7 +246,12 @@ class KVCacheManager:
                 request.worst_case_tokens)
 
     def find_prefix(self, request: Request) -> list[int]:
-        """The cached blocks a waiting request can start from (none without caching)."""
+        """The cached blocks a waiting request can start from (none without caching, and none
+        for a request that asks for prompt logprobs: a cached position's logits are never
+        computed, so it reads nothing from the cache, as vLLM's
+        ``skip_reading_prefix_cache``; what it computes is still cached for others)."""
+        if getattr(request.params, "prompt_logprobs", None) is not None:
+            return []
         return self.prefix.find(request)
 
     def can_allocate(self, n: int, hit: list[int] = ()) -> bool:

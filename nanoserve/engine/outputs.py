@@ -27,6 +27,9 @@ class RequestDelta:
     num_prompt_tokens: int
     num_output_tokens: int  # cumulative
     error: str | None = None  # what went wrong, when finish_reason == "error"
+    # params.prompt_logprobs: once, with the first token, vLLM's shape: None for the first
+    # prompt token, then one TokenLogprob per prompt token (None in every other delta)
+    prompt_logprobs: list | None = None
 
 
 @dataclass(slots=True)

@@ -89,6 +89,9 @@ class Request:
         self.params = params  # the SamplingParams the sampler reads
         self.min_tokens = min_tokens  # stop rules wait until the output has this many tokens
         self.logprobs: list[TokenLogprob] = []  # one per output token when params.logprobs
+        # params.prompt_logprobs: one per prompt token after the first, filled as the prefill's
+        # chunks compute them (engine/prompt_logprobs.py)
+        self.prompt_logprobs: list[TokenLogprob] = []
         self.state = RequestState.WAITING
         self.slot: int | None = None  # the batch row it occupies while running
         self.blocks: list[int] = []  # the KV blocks it holds

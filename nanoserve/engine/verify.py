@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nanoserve.engine import prompt_logprobs
 from nanoserve.sampling.sampler import sample_requests
 from nanoserve.spec_decode.rejection import verify
 
@@ -42,10 +43,14 @@ def verify_step(engine: Engine, out: SchedulerOutput) -> list[Request]:
     requests = [c.request for c in chunks] + out.decode
     tokens = ([c.request.token_ids[c.start:c.start + c.n] for c in chunks]
               + [[r.output_token_ids[-1], *r.spec_token_ids] for r in out.decode])
-    want = [1] * len(chunks) + [1 + len(r.spec_token_ids) for r in out.decode]
+    starts, lens = [c.start for c in chunks], [c.n for c in chunks]
+    scored = prompt_logprobs.plan(requests[:len(chunks)], starts, lens) if chunks else None
+    want = (scored or [1] * len(chunks)) + [1 + len(r.spec_token_ids) for r in out.decode]
     for r in requests:
         engine.sync_blocks(r)
     logits = engine.score([r.slot for r in requests], tokens, want)  # (sum(want), V)
+    if scored is not None:  # chunks that ask for prompt logprobs (each chunk's rows come first)
+        prompt_logprobs.record(logits[:sum(scored)], requests[:len(chunks)], starts, lens, scored)
     ends = torch.tensor(want).cumsum(0).tolist()
     plain = [b for b, c in enumerate(chunks) if c.completes]
     plain += [len(chunks) + i for i, r in enumerate(out.decode) if not r.spec_token_ids]

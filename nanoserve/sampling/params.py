@@ -4,6 +4,14 @@ Why this module exists: every request carries its own rules, and each is checked
 door, so a bad value is an ``InvalidRequest`` (a ``ValueError`` that carries the field as
 ``param``) rather than a NaN three layers down. The sampler (``sampler.py``) applies them.
 
+``logit_bias`` takes OpenAI's map from token id to a bias added to that token's logit, its keys
+ints or the strings OpenAI's JSON carries, each value clamped to [-100, 100] as vLLM's
+``SamplingParams.from_optional`` does; ``check_vocab`` refuses an id outside the vocabulary, as
+vLLM's ``_validate_logit_bias`` does. ``prompt_logprobs`` is vLLM's: the logprob of every prompt
+token after the first and the top k there, under the raw model; -1 means the whole vocabulary,
+which, as in vLLM, must fit under the cap of ``MAX_LOGPROBS`` (so it is refused for any real
+vocabulary).
+
 >>> SamplingParams(temperature=0).greedy
 True
 >>> SamplingParams(top_p=0)
@@ -40,6 +48,34 @@ def _check_int(name: str, value: int) -> None:
         raise InvalidRequest(f"{name} must be an int, got {value!r}", name, value)
 
 
+def _logit_bias(bias) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` as ``{token id: bias}``: string keys read as ints, values
+    clamped to [-100, 100] (vLLM's and OpenAI's range); NaN and non-numbers refused.
+
+    >>> _logit_bias({"5": 200, 7: -3})
+    {5: 100.0, 7: -3.0}
+    """
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise InvalidRequest(f"logit_bias must map token ids to biases, got "
+                             f"{type(bias).__name__}", "logit_bias")
+    out = {}
+    for key, value in bias.items():
+        try:
+            if isinstance(key, bool) or isinstance(key, float):
+                raise ValueError
+            token = int(key)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"logit_bias: key {key!r} is not a token id (an integer, or a "
+                                 f"string holding one)", "logit_bias", key) from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise InvalidRequest(f"logit_bias[{key!r}] must be a number, got {value!r}",
+                                 "logit_bias", value)
+        out[token] = min(100.0, max(-100.0, float(value)))
+    return out or None
+
+
 @dataclass(slots=True)
 class SamplingParams:
     temperature: float = 1.0
@@ -58,6 +94,8 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop rules wait until the output has this many tokens
     logprobs: int | None = None  # None: off; k: the sampled token's logprob and the top k
     structured_outputs: StructuredOutputsParams | dict | None = None  # a grammar (Day 67)
+    logit_bias: dict[int, float] | None = None  # token id -> bias added to its logit
+    prompt_logprobs: int | None = None  # None: off; k: each prompt token's logprob and top k
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:  # also catches NaN
@@ -93,6 +131,13 @@ class SamplingParams:
             if not 0 <= self.logprobs <= MAX_LOGPROBS:
                 raise InvalidRequest(f"logprobs must be None or in [0, {MAX_LOGPROBS}], "
                                      f"got {self.logprobs}", "logprobs", self.logprobs)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs)
+            if not -1 <= self.prompt_logprobs <= MAX_LOGPROBS:
+                raise InvalidRequest(f"prompt_logprobs must be None, -1 (the whole vocabulary) or "
+                                     f"in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}",
+                                     "prompt_logprobs", self.prompt_logprobs)
+        self.logit_bias = _logit_bias(self.logit_bias)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -115,6 +160,12 @@ class SamplingParams:
         return self.temperature < SAMPLING_EPS
 
     @property
+    def num_prompt_logprobs(self) -> int | None:
+        """``prompt_logprobs`` with -1 read as "all": the top count to ask for (None: off)."""
+        return None if self.prompt_logprobs is None else (
+            INT32_MAX if self.prompt_logprobs == -1 else self.prompt_logprobs)
+
+    @property
     def penalised(self) -> bool:
         """Does any penalty change the logits? (All three off is the common, free case.)"""
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
@@ -125,6 +176,14 @@ class SamplingParams:
             if not 0 <= t < vocab_size:
                 raise InvalidRequest(f"stop_token_ids: token id {t} is outside the vocabulary "
                                      f"(vocab_size={vocab_size})", "stop_token_ids", t)
+        bad = sorted(t for t in self.logit_bias or () if not 0 <= t < vocab_size)
+        if bad:
+            raise InvalidRequest(f"logit_bias: token id(s) {bad} are outside the vocabulary "
+                                 f"(vocab_size={vocab_size})", "logit_bias", bad)
+        if self.prompt_logprobs == -1 and vocab_size > MAX_LOGPROBS:  # vLLM's rule for -1
+            raise InvalidRequest(f"prompt_logprobs=-1 asks for all {vocab_size} tokens at every "
+                                 f"prompt position, over the limit of {MAX_LOGPROBS}",
+                                 "prompt_logprobs", -1)
 
     def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
         """A per-request generator, so a seeded request draws the same tokens in any batch."""

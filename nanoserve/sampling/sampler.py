@@ -5,14 +5,15 @@ Why this module exists: a batch mixes greedy rows with sampled ones, each with i
 would draw alone, so a seeded request repeats its text in any batch.
 
 The order of operations follows vLLM. Logprobs are read off the raw model logits first (vLLM's
-default "raw_logprobs"). Then the penalties edit the raw logits: ``repetition_penalty`` for every
-token seen in the prompt or the output (a positive logit is divided by it, a negative one
-multiplied), ``frequency_penalty`` times each token's count in the output, ``presence_penalty``
-once per token present in the output; and while a request is short of ``min_tokens`` its EOS and
-``stop_token_ids`` are masked out. Then temperature, top-k, top-p, min-p, and the draw.
-Temperature 0 (below 1e-5, as in vLLM) means greedy (argmax of the penalised logits), with no
-randomness consumed. Top-p keeps the smallest set of tokens whose probability reaches ``top_p``,
-*including* the token that crosses the threshold:
+default "raw_logprobs"). Then ``logit_bias`` is added (vLLM applies it, a non-argmax-invariant
+logits processor, before the penalties), and the penalties edit the result:
+``repetition_penalty`` for every token seen in the prompt or the output (a positive logit is
+divided by it, a negative one multiplied), ``frequency_penalty`` times each token's count in
+the output, ``presence_penalty`` once per token present in the output; and while a request
+is short of ``min_tokens`` its EOS and ``stop_token_ids`` are masked out. Then temperature,
+top-k, top-p, min-p, and the draw. Temperature 0 (below 1e-5, as in vLLM) means greedy (argmax
+of the penalised logits), with no randomness consumed. Top-p keeps the smallest set of tokens
+whose probability reaches ``top_p``, *including* the token that crosses the threshold:
 
 >>> import torch
 >>> probs = torch.tensor([[0.5, 0.3, 0.2]])
@@ -144,6 +145,20 @@ def apply_penalties(logits: torch.Tensor, prompts: list[list[int]], outputs: lis
     return x - freq * out_counts.to(logits.dtype) - pres * seen_out.to(logits.dtype)
 
 
+def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits (B, V) -> a copy with each row's ``logit_bias`` added (ids checked at the door
+    against the vocabulary; a bias of -100 is a ban in all but name)."""
+    rows, cols, vals = [], [], []
+    for i, sp in enumerate(params):
+        for t, b in (sp.logit_bias or {}).items():
+            rows.append(i)
+            cols.append(t)
+            vals.append(b)
+    x = logits.clone()
+    x[rows, cols] += torch.tensor(vals, device=logits.device, dtype=logits.dtype)
+    return x
+
+
 def token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, ks: list[int]) -> list[TokenLogprob]:
     """raw logits (R, V), sampled tokens (R,), top counts -> one TokenLogprob per row."""
     lp = torch.log_softmax(raw.float(), dim=-1)  # (R, V)
@@ -169,16 +184,19 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams],
                    prompts: list[list[int]], outputs: list[list[int]],
                    banned: list[set[int]], grammar: tuple[list[int], torch.Tensor] | None = None,
                    ) -> torch.Tensor:
-    """Raw logits (B, V) -> the logits each row draws from, before temperature: the penalties
-    over each row's own history (``prompts[b]``, ``outputs[b]``), ``banned[b]`` at -inf, then
-    the grammar's masks, ``grammar = (rows, words)`` with ``words`` (len(rows), ceil(V / 32)).
+    """Raw logits (B, V) -> the logits each row draws from, before temperature: each row's
+    ``logit_bias`` added, the penalties over each row's own history (``prompts[b]``,
+    ``outputs[b]``), ``banned[b]`` at -inf, then the grammar's masks,
+    ``grammar = (rows, words)`` with ``words`` (len(rows), ceil(V / 32)).
     A row's history is explicit, so a verify step can hand in one row per speculative position
     (the output extended by the proposals before it). ``logits`` itself when nothing applies."""
     x = logits
+    if any(sp.logit_bias for sp in params):
+        x = apply_logit_bias(logits, params)
     pen = [i for i, sp in enumerate(params) if sp.penalised]
     if pen:
-        x = x.clone()
-        x[pen] = apply_penalties(logits[pen], [prompts[i] for i in pen],
+        x = x.clone() if x is logits else x
+        x[pen] = apply_penalties(x[pen], [prompts[i] for i in pen],
                                  [outputs[i] for i in pen], [params[i] for i in pen])
     rows, cols = [], []  # (row, token) pairs to mask: stop ids of requests short of min_tokens
     for i, stops in enumerate(banned):

@@ -2,14 +2,16 @@
 model's text becomes a call, everything else stays content; one machine, two ways to run it.
 
 The machine is written once, as a stream (``feed`` per delta, then ``finish``), and a whole
-response is read by feeding it in one piece (``extract``). The two runs differ in one choice
-only, ``early``:
+response is read by feeding it in one piece (``extract``). The one choice left is when a call
+is believed, the switch ``early``:
 
-- ``early=True`` (a stream): a call goes out as soon as ``{"name": "<a known tool>",
+- ``early=False`` (the default, and always the whole reading): nothing of a call goes out until
+  its object has closed and been judged: valid JSON, a known name, arguments an object. Then
+  the call goes out at once, its name and its arguments. A stream run this way reads every
+  response, broken ones included, exactly as the whole reading does.
+- ``early=True`` (vLLM's way): a call goes out as soon as ``{"name": "<a known tool>",
   "arguments": {`` has arrived (its first delta: the name), and the arguments follow as they
   arrive, cut wherever the deltas were cut.
-- ``early=False`` (the whole reading): nothing goes out until the call's object has closed and
-  been judged: valid JSON, a known name, arguments an object.
 
 For every well-formed response the two agree, wherever the cuts fall. They part on a call that
 goes out early and then breaks (a stray comma, a bracket that does not match, text that stops):
@@ -93,7 +95,7 @@ def judge(obj: str, tools: set[str]) -> tuple[str, int, int] | None:
 
 
 class HermesStream:
-    def __init__(self, tools: set[str], early: bool = True):
+    def __init__(self, tools: set[str], early: bool = False):
         self.tools, self.early = tools, early
         self.buf = ""          # received, not yet released
         self.state = "text"    # text | call | close | stopped

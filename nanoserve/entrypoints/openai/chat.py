@@ -37,7 +37,12 @@ from nanoserve.entrypoints.openai.protocol import (
     ChatCompletionResponse,
     DeltaMessage,
 )
-from nanoserve.entrypoints.openai.streaming import SSEResponse, sse, sse_events
+from nanoserve.entrypoints.openai.streaming import (
+    SSEResponse,
+    should_include_usage,
+    sse,
+    sse_events,
+)
 
 router = APIRouter()
 
@@ -49,6 +54,7 @@ async def create_chat_completion(request: Request):
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     ids = chat_prompt(ctx, req)
+    stream_usage = should_include_usage(req)  # refuses prompt_logprobs in a stream
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     mt = budget(ctx, len(ids), req.max_completion_tokens or req.max_tokens, name,
                 ctx.sampling_defaults.get("max_tokens"))  # unset: generation_config's, or all
@@ -67,30 +73,31 @@ async def create_chat_completion(request: Request):
         return ChatCompletionResponse(
             id=rid, model=model, usage=usage([ids], choices),
             prompt_token_ids=ids if want_ids else None,
+            prompt_logprobs=render.prompt_logprobs(choices[0].prompt_logprobs),
             choices=[ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
                                 logprobs=render.chat_logprobs(c.logprobs) if want_lp else None,
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                                 token_ids=c.token_ids if want_ids else None)
                      for c in choices]).model_dump()
 
-    def chunk(c: Choice, d, first: bool) -> str:
+    def chunk(c: Choice, d, first: bool) -> ChatCompletionChunk:
         ch = ChatChunkChoice(
             index=c.index, delta=DeltaMessage(content=d.new_text),
             logprobs=render.chat_logprobs(d.new_logprobs) if want_lp else None,
             finish_reason=d.finish_reason if d.finished else None,
             stop_reason=d.stop_reason if d.finished else None,
             token_ids=d.new_token_ids if want_ids else None)
-        return sse(ChatCompletionChunk(id=rid, model=model, choices=[ch]))
+        return ChatCompletionChunk(id=rid, model=model, choices=[ch])
 
     def tail() -> str:
         return sse(ChatCompletionChunk(id=rid, model=model, choices=[],
                                        usage=usage([ids], choices)))
 
-    head = [sse(ChatCompletionChunk(  # the role comes first, as OpenAI sends it
+    head = [ChatCompletionChunk(  # the role comes first, as OpenAI sends it
         id=rid, model=model,
         choices=[ChatChunkChoice(index=c.index,
-                                 delta=DeltaMessage(role="assistant", content=""))]))
+                                 delta=DeltaMessage(role="assistant", content=""))])
         for c in choices]
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
     return SSEResponse(sse_events(fan, choices, want_lp, chunk, head,
-                                  tail if include_usage else None), fan.close)
+                                  tail if stream_usage.include_usage else None, stream_usage),
+                       fan.close)

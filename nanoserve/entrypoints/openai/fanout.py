@@ -10,7 +10,9 @@ hold for all of them at once:
   watches the connection, and a disconnect aborts every engine request behind it (``collect``
   for a whole response; the SSE response's ``on_close`` for a stream).
 
-``Choice`` is one engine request as the response sees it: its text, ids and logprobs so far.
+``Choice`` is one engine request as the response sees it: its text, ids and logprobs so far,
+its prompt logprobs once its prefill is done, and its usage so far (a stream with
+``continuous_usage_stats`` puts that on every chunk).
 """
 
 from __future__ import annotations
@@ -101,14 +103,24 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_output_tokens: int = 0
+    prompt_logprobs: list | None = None  # [None, TokenLogprob, ...] once the prefill is done
 
     def add(self, d) -> None:
         self.text += d.new_text
         self.token_ids += d.new_token_ids
         self.logprobs += d.new_logprobs
         self.num_output_tokens = d.num_output_tokens
+        if d.prompt_logprobs is not None:
+            self.prompt_logprobs = d.prompt_logprobs
         if d.finished:
             self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
+
+    def usage(self) -> UsageInfo:
+        """This choice's usage so far: what vLLM's ``continuous_usage_stats`` puts on each of
+        its chunks (its prompt, the tokens it has generated, their sum)."""
+        p = len(self.prompt_ids)
+        return UsageInfo(prompt_tokens=p, completion_tokens=self.num_output_tokens,
+                         total_tokens=p + self.num_output_tokens)
 
 
 async def open_fanout(request: Request, engine, metrics: ServerMetrics, jobs: list,

@@ -189,7 +189,8 @@ def sampling(req, max_tokens: int | None, logprobs: int | None, seed: int | None
               skip_special_tokens=req.skip_special_tokens, min_p=req.min_p,
               presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
               repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens,
-              logprobs=logprobs, structured_outputs=structured(req)[0])
+              logprobs=logprobs, structured_outputs=structured(req)[0],
+              logit_bias=req.logit_bias, prompt_logprobs=req.prompt_logprobs)
     sent = {k: v for k, v in kw.items() if v is not None}  # None: the field was not sent
     base = {k: v for k, v in (defaults or {}).items() if k != "max_tokens"}  # budget()'s
     try:

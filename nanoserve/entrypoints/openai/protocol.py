@@ -4,11 +4,12 @@ Why this module exists: the HTTP layer should not hand-check fields. Each reques
 validated once against these models, strictly (``"max_tokens": "10"`` and ``"n": true`` are
 errors, not guesses), and a failure names the field so the client hears ``param="max_tokens"``.
 Fields that no API defines are ignored, as vLLM does; fields OpenAI defines that this engine
-cannot honour (tools, logit bias, a suffix, ...) are listed in ``UNSUPPORTED`` with the
+cannot honour (a suffix, best_of, ...) are listed in ``UNSUPPORTED`` with the
 value that means "off", so sending them switched off is fine and switching them on is a 400.
 
 The response models mirror OpenAI's objects field for field, plus vLLM's extensions
-(``stop_reason``; ``token_ids`` and ``prompt_token_ids`` with ``return_token_ids``), and vLLM's
+(``stop_reason``; ``token_ids`` and ``prompt_token_ids`` with ``return_token_ids``;
+``prompt_logprobs``, per completions choice and once at the top of a chat response), and vLLM's
 ``/tokenize`` and ``/detokenize`` shapes. A request model may name its own ``unsupported``
 fields; the generating endpoints share ``UNSUPPORTED``.
 """
@@ -227,6 +228,20 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's ``Logprob``: one token's logprob at one prompt position, its rank there (1 = the
+    most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's prompt_logprobs: per prompt position, None for the first, else {token id: Logprob} for
+# the prompt token and the top k there
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
@@ -234,6 +249,7 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
     prompt_token_ids: list[int] | None = None
 
 
@@ -284,6 +300,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM: one list for the one prompt
     prompt_token_ids: list[int] | None = None
 
 
