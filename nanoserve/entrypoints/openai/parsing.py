@@ -148,9 +148,14 @@ def budget(ctx: ServingContext, n_prompt: int, asked: int | None, name: str,
     return asked
 
 
-def structured(req) -> tuple[StructuredOutputsParams | None, str]:
+def structured(req, forced: StructuredOutputsParams | None = None
+               ) -> tuple[StructuredOutputsParams | None, str]:
     """The request's grammar, from OpenAI's ``response_format`` or vLLM's
-    ``structured_outputs``, and the wire field it came from (a refusal names it)."""
+    ``structured_outputs``, and the wire field it came from (a refusal names it). ``forced``
+    is a forced tool call's grammar (``tools.plan_tools`` made it, and refused a request that
+    also gave one of the other two): it comes from ``tools``."""
+    if forced is not None:
+        return forced, "tools"
     rf, so = req.response_format, req.structured_outputs
     if rf is not None and so is not None and rf.get("type") != "text":
         raise ApiError(400, "give response_format or structured_outputs, not both",
@@ -180,16 +185,18 @@ def structured(req) -> tuple[StructuredOutputsParams | None, str]:
 
 
 def sampling(req, max_tokens: int | None, logprobs: int | None, seed: int | None,
-             names: dict[str, str], defaults: dict | None = None) -> SamplingParams:
+             names: dict[str, str], defaults: dict | None = None,
+             forced: StructuredOutputsParams | None = None) -> SamplingParams:
     """The request's ``SamplingParams``; a refusal names the wire field (``names`` maps
     ``SamplingParams``' names to the endpoint's where they differ). A field the request does
-    not set takes ``defaults`` (the checkpoint's generation_config.json), then vLLM's."""
+    not set takes ``defaults`` (the checkpoint's generation_config.json), then vLLM's.
+    ``forced``: a forced tool call's grammar, see ``structured``."""
     kw = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=seed,
               stop=req.stop, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
               skip_special_tokens=req.skip_special_tokens, min_p=req.min_p,
               presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
               repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens,
-              logprobs=logprobs, structured_outputs=structured(req)[0],
+              logprobs=logprobs, structured_outputs=structured(req, forced)[0],
               logit_bias=req.logit_bias, prompt_logprobs=req.prompt_logprobs)
     sent = {k: v for k, v in kw.items() if v is not None}  # None: the field was not sent
     base = {k: v for k, v in (defaults or {}).items() if k != "max_tokens"}  # budget()'s
@@ -201,12 +208,13 @@ def sampling(req, max_tokens: int | None, logprobs: int | None, seed: int | None
         raise err from None
 
 
-async def compile_grammar(ctx: ServingContext, req) -> None:
+async def compile_grammar(ctx: ServingContext, req,
+                          forced: StructuredOutputsParams | None = None) -> None:
     """Compile the request's grammar, if it has one, on a worker thread: the event loop keeps
     streaming other requests' tokens and the engine thread keeps stepping meanwhile. Compiled
     once per distinct spec (the backend caches it); a bad spec is a 400 naming its field,
-    before any request reaches the engine."""
-    spec, field = structured(req)
+    before any request reaches the engine. ``forced``: see ``structured``."""
+    spec, field = structured(req, forced)
     if spec is None:
         return
     try:
@@ -219,9 +227,10 @@ async def compile_grammar(ctx: ServingContext, req) -> None:
 
 def jobs_for(ctx: ServingContext, rid: str, req, prompts: list[list[int]],
              max_tokens: list[int | None], logprobs: int | None,
-             names: dict[str, str]) -> list:
+             names: dict[str, str], forced: StructuredOutputsParams | None = None) -> list:
     """One ``(request_id, prompt_ids, SamplingParams)`` per prompt and choice, all or none:
-    a request that could never fit the queue is a 400, one that cannot fit now a 429."""
+    a request that could never fit the queue is a 400, one that cannot fit now a 429.
+    ``forced``: a forced tool call's grammar, see ``structured``."""
     jobs = []
     if len(prompts) * req.n > MAX_REQUESTS_PER_CALL:
         raise ApiError(400, f"{len(prompts)} prompts x n={req.n} is over the limit of "
@@ -231,7 +240,7 @@ def jobs_for(ctx: ServingContext, rid: str, req, prompts: list[list[int]],
             seed = None if req.seed is None else req.seed + j  # differ, yet replay
             if seed is not None and seed >= 2**64:
                 seed -= 2**64  # torch takes seeds below 2**64
-            sp = sampling(req, mt, logprobs, seed, names, ctx.sampling_defaults)
+            sp = sampling(req, mt, logprobs, seed, names, ctx.sampling_defaults, forced)
             jobs.append((f"{rid}-{p * req.n + j}", ids, sp))
     engine = ctx.engine
     limit = getattr(engine, "max_waiting", None)
