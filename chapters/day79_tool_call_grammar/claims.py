@@ -271,6 +271,9 @@ def runs() -> dict:
         "required": (req, forced(req, False)),
         "free": (nam, [SamplingParams(max_tokens=PEEK, temperature=0)] * len(ids)),
         "parallel": (req, forced(req, True)),
+        "think": (req, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
+                                       structured_outputs=spec("required", False, THINK, ts))
+                        for ts in tools]),
         "loose": (nam, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
                                        structured_outputs=StructuredOutputsParams(
                                            json=frozen.parameters(t))) for t in TOOLS]),
@@ -324,6 +327,15 @@ def parallel_ends() -> str:
     ended = sum(o.finish_reason == "stop" for _, _, o in rows)
     begun = sum(o.text.count('{"name":"') for _, _, o in rows)
     return f"{ended} of {len(rows)} end within {PEEK} tokens; calls begun: {begun}"
+
+
+def thinking_runs() -> str:
+    """Required calls under the thinking grammar: how many reached a call, and how many are
+    still inside a thought the model opened when the budget ran out."""
+    rows = runs()["think"]
+    called = sum(_validates(c, ts, o.text.split("</think>")[-1]) for c, ts, o in rows)
+    open_ = sum(o.finish_reason == "length" and "</think>" not in o.text for _, _, o in rows)
+    return f"{called} valid calls; {open_} still inside a thought at {MAX_TOKENS} tokens"
 
 
 def extra_keys() -> str:
@@ -391,6 +403,7 @@ CLAIMS = [
           lambda: valid("free")),
     exact("required calls that name the function the question asks for", right_function),
     exact("required with parallel calls on, 8 questions", parallel_ends),
+    exact("required calls under the thinking grammar, 8 questions", thinking_runs),
     exact("named calls that add a key the function does not declare, schema compiled open or "
           "strict", extra_keys),
     exact("16 forced outputs read back by the package's parsers, against the snapshot's reading",
