@@ -75,9 +75,12 @@ PARTS = [
      "model families beside Llama, sliding windows in a paged cache, parity without a hub"),
     (72, 75, "Fewer bytes",
      "quantized weights: what they cost in bytes and error, GPTQ, an int4 kernel, the speed"),
-    (76, 10**6, "Guessing ahead",
+    (76, 78, "Guessing ahead",
      "speculative decoding: proposals verified k at a time, a rejection sampler that changes "
      "no distribution, n-gram against a draft model"),
+    (79, 10**6, "Agents at the door",
+     "tool calls forced by a grammar, and parsers for the calls and the thinking a model "
+     "writes on its own"),
 ]
 TITLE = re.compile(r"# Day (\d+): (.+)")
 LINK = re.compile(r"(\]\()([^)\s#]+)([^)\s]*)")  # ](target#anchor "title"  -> groups 1, 2, 3

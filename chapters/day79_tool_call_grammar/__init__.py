@@ -1,0 +1,1 @@
+"""Day 79: a tool call is a grammar."""
