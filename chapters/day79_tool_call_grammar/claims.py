@@ -65,6 +65,14 @@ TOOLS = [
 BOOK_REF = {"name": "book_room", "parameters": _obj(
     {"title": {"type": "string", "maxLength": 20}, "room": {"$ref": "#/$defs/room"}},
     **{"$defs": {"room": TOOLS[6]["parameters"]["properties"]["room"]}})}
+REF_TOOLS = TOOLS[:6] + [BOOK_REF] + TOOLS[7:]  # the eight, book_room written that way
+# a second tool whose $defs give "room" another meaning (a floor only up to 5)
+MOVE_REF = {"name": "move_room", "parameters": _obj(
+    {"room": {"$ref": "#/$defs/room"}},
+    **{"$defs": {"room": _obj({"name": {"type": "string", "maxLength": 8},
+                               "floor": {"type": "integer", "minimum": 0, "maximum": 5}})}})}
+BOOKED = '{"title":"standup","room":{"name":"4","floor":%d}}'  # a book_room call's arguments
+FLOOR_OK, FLOOR_BAD = 2, 12  # a floor book_room's schema allows (0 to 9), and one it does not
 QUESTIONS = ["What is the weather in Paris?", "What is 2 plus 3?", "Find the docs on classes.",
              "Email bob that the build broke.", "Wake me at seven.",
              "How many euros is 10 dollars?", "Book room 4 on floor 2 for standup.",
@@ -137,9 +145,13 @@ def parser(choice, tools: list[dict] = TOOLS):
 
 
 def specs_agree() -> str:
-    """The snapshot's closed schema against the package's spec, for every forced choice."""
-    cases = [("required", True), ("required", False)] + [(named(t["name"]), True) for t in TOOLS]
-    same = sum(frozen.forced_call_schema(TOOLS, c, p) == spec(c, p).schema() for c, p in cases)
+    """The snapshot's closed schema against the package's spec, for every forced choice, over
+    ``TOOLS`` and over ``REF_TOOLS`` (book_room's room under ``$defs``)."""
+    cases = [(ts, c, p) for ts in (TOOLS, REF_TOOLS)
+             for c, p in [("required", True), ("required", False)]
+             + [(named(t["name"]), True) for t in ts]]
+    same = sum(frozen.forced_call_schema(ts, c, p) == spec(c, p, tools=ts).schema()
+               for ts, c, p in cases)
     return f"{same} of {len(cases)} equal"
 
 
@@ -197,18 +209,38 @@ def one_call() -> str:
     return f"parallel calls on: {_listed(on)}; off: {_listed(off)}"
 
 
-def defs_refused() -> str:
-    """``BOOK_REF`` compiled as a named call and inside the required array."""
+def _whole(grammar_spec, text: str) -> bool:
+    """Whether the spec's matcher takes all of ``text`` and may stop there."""
+    m, tok = backend().matcher(grammar_spec), tokenizer()
+    return m.consume_tokens(tok.encode(text, add_special_tokens=False)) and m.is_accepting()
+
+
+def defs_lifted() -> str:
+    """``BOOK_REF`` compiled as a named call and inside the required array (with the last
+    three of ``REF_TOOLS`` beside it); the required grammar fed a call within book_room's
+    range and one outside it; and ``BOOK_REF`` beside ``MOVE_REF``, which gives ``room``
+    another meaning, under the package and the snapshot."""
     from nanoserve.structured.tools import forced_call_spec
-    from nanoserve.validation import InvalidRequest
 
     out = []
     for label, choice in (("named", named("book_room")), ("required", "required")):
+        backend().template(forced_call_spec(REF_TOOLS[4:], choice, True))
+        out.append(f"{label}: compiles")
+    req = forced_call_spec(REF_TOOLS[4:], "required", False)
+    calls = {f: f'[{{"name":"book_room","parameters":{BOOKED % f}}}]'
+             for f in (FLOOR_OK, FLOOR_BAD)}
+    verdict = {f: "accepted" if _whole(req, text) else "refused" for f, text in calls.items()}
+    out.append(f"a required call with floor {FLOOR_OK}: {verdict[FLOOR_OK]}, floor "
+               f"{FLOOR_BAD}: {verdict[FLOOR_BAD]}")
+    refused = []
+    for make in (lambda ts: forced_call_spec(ts, "required", True),
+                 lambda ts: frozen.forced_call_schema(ts, "required")):
         try:
-            backend().template(forced_call_spec([BOOK_REF], choice, True))
-            out.append(f"{label}: compiles")
-        except InvalidRequest as e:
-            out.append(f"{label}: refused, {str(e).split(': ')[-1]}")
+            make([BOOK_REF, MOVE_REF])
+            refused.append("built")
+        except ValueError as e:
+            refused.append(f"refused, {str(e).split('; ')[0]}")
+    out.append(f"beside a tool defining room differently: {' / '.join(sorted(set(refused)))}")
     return "; ".join(out)
 
 
@@ -383,14 +415,17 @@ def read_back() -> str:
 
 
 CLAIMS = [
-    exact("the snapshot's closed schemas against the package's forced_call_spec: required "
-          "(parallel calls on, off) and each of the 8 functions named", specs_agree),
+    exact("the snapshot's closed schemas against the package's forced_call_spec, over the 8 "
+          "tools and over them with book_room's room under $defs: required (parallel calls "
+          "on, off) and each function named", specs_agree),
     exact("tokens the mask allows at a forced call's first step", first_step),
     exact("after '{\"city\":\"Paris\",\"unit\":\"C\"' under get_weather's schema, the mask "
           "allows", strict_closing),
     exact("after one whole call '[{\"name\":\"get_time\",\"parameters\":{}}', the required "
           "grammar allows", one_call),
-    exact("book_room with its room under $defs and a $ref to it", defs_refused),
+    exact("book_room with its room under $defs and a $ref to it: its grammars, a required call "
+          "within its range and outside it, and beside a second tool that defines room "
+          "differently", defs_lifted),
     exact("the thinking grammar (qwen3's markers), package and snapshot", thinking),
     exact("prompt tokens for the first question, rendered with its tools and without",
           prompt_tokens),

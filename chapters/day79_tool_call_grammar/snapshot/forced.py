@@ -2,7 +2,8 @@
 the text a forced call wrote read back as calls.
 
 ``required`` is an array of calls, each a ``{"name", "parameters"}`` object that is one of the
-tools: the name a constant, the parameters that tool's schema (vLLM's shape). A named
+tools: the name a constant, the parameters that tool's schema (vLLM's shape), its ``$defs``
+lifted to the array's root. A named
 function is its parameters schema alone, since the name is already known. ``none`` and
 ``auto`` force nothing. Every object the schema leaves open is closed (Day 67's ``closed``).
 
@@ -42,12 +43,21 @@ def call_branch(tool: dict) -> dict:
 
 def required_schema(tools: list[dict], parallel_tool_calls: bool = True) -> dict:
     """At least one call (at most one when parallel calls are off), each to one of ``tools``.
-    Each tool's schema goes in whole, ``$defs`` included: a ``$ref`` to ``#/$defs/...`` then
-    points at the array's root, where there are none (vLLM lifts them; this does not)."""
-    schema = {"type": "array", "minItems": 1,
-              "items": {"anyOf": [call_branch(t) for t in tools]}}
+    A ``$ref`` to ``#/$defs/...`` points at the root of the document it sits in, which here is
+    the array, not the tool's schema: so each tool's ``$defs`` move up to the array (as vLLM
+    does), and two tools that give one name two meanings are a ``ValueError``."""
+    defs, branches = {}, []
+    for t in tools:
+        own = dict(parameters(t))
+        for name, body in own.pop("$defs", {}).items():
+            if defs.setdefault(name, body) != body:
+                raise ValueError(f"tools: two tools define $defs/{name} differently")
+        branches.append(call_branch({**t, "parameters": own}))
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": branches}}
     if not parallel_tool_calls:
         schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
     return schema
 
 
