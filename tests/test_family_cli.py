@@ -115,7 +115,8 @@ def check_rendered(url: str, folder, family: str) -> None:
     assert out.usage.completion_tokens == 2 and out.choices[0].finish_reason == "length"
 
 
-@pytest.mark.parametrize("family", SERVED)
+@pytest.mark.parametrize("family", [f if f == "llama" else pytest.param(f, marks=pytest.mark.slow)
+                                    for f in SERVED])  # make test keeps one; test-all runs all
 def test_nanoserve_generate_runs_each_family(checkpoint, family):
     """Llama's generation_config.json says max_new_tokens=3: unset, its budget is that."""
     folder = checkpoint(family)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from nanoserve.bench import serve_pair
 from nanoserve.config import DEFAULT_MODEL
 
 
+@pytest.mark.slow  # two real servers over a whole workload: the slow tier
 def test_pair_alternates_and_summarizes(monkeypatch):
     calls = []
     real = serve_pair.run_bench

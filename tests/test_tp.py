@@ -143,12 +143,15 @@ def test_replaying_the_journal_reproduces_rank_zeros_addressing():
         mirror.replay(theirs, [9, 0])
 
 
+SLOW = pytest.mark.slow  # the long matrix: make test keeps one case of each kind
+
+
 @pytest.mark.parametrize("options", [
     {},
-    {"num_kv_blocks": 6, "max_num_seqs": 4},  # preempts and recomputes
-    {"cuda_graphs": True},  # windows replayed eagerly over static buffers, rows compacted
+    pytest.param({"num_kv_blocks": 6, "max_num_seqs": 4}, marks=SLOW),  # preempts, recomputes
+    pytest.param({"cuda_graphs": True}, marks=SLOW),  # windows replayed eagerly, rows compacted
     {"enable_prefix_caching": True, "max_num_batched_tokens": 16},  # chunks, cache hits
-    {"batching": "static", "allocation": "reserve", "kernels": False},
+    pytest.param({"batching": "static", "allocation": "reserve", "kernels": False}, marks=SLOW),
 ], ids=["default", "preemption", "graphs", "prefix-chunked", "static-plain"])
 def test_two_ranks_say_what_one_says(options):
     prompts = PROMPTS
@@ -165,6 +168,7 @@ def test_two_ranks_say_what_one_says(options):
         assert stats.prefix_cache_hits > 0
 
 
+@pytest.mark.slow
 def test_compile_traces_the_collectives_as_opaque_ops():
     one, two, _, engine = pair(prompts=PROMPTS[:4], compile="aot_eager")
     assert [o.token_ids for o in two] == [o.token_ids for o in one]
@@ -174,7 +178,8 @@ def test_compile_traces_the_collectives_as_opaque_ops():
 @pytest.mark.parametrize("name, overrides", [
     ("bias", {"vocab_size": 255, "eos_token_id": 254}),  # biases, a padded vocabulary
     ("gqa", {"num_key_value_heads": 1}),  # one KV head: replicated on both ranks
-    ("gqa", {"num_attention_heads": 6, "num_key_value_heads": 3, "hidden_size": 48}),  # 1 + 2
+    pytest.param("gqa", {"num_attention_heads": 6, "num_key_value_heads": 3,
+                         "hidden_size": 48}, marks=SLOW),  # 1 + 2
 ])
 def test_logits_differ_by_rounding_only(hf_checkpoint, name, overrides):
     path = hf_checkpoint(name, **overrides)
@@ -219,6 +224,7 @@ def test_a_hung_worker_fails_the_engine_within_the_timeout():
     assert not alive_workers()
 
 
+@pytest.mark.slow
 def test_two_engines_side_by_side_each_on_its_own_group():
     one = LLM(dtype="float32").generate(PROMPTS[:3], GREEDY)
     with LLM(dtype="float32", tensor_parallel_size=2) as a, \

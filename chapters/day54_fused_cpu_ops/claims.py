@@ -374,6 +374,9 @@ def profile_step(llm) -> dict:
                 names=Counter(e.name for e in ops))
 
 
+COUNT_ROUNDS = 4  # profiled steps per arm the counts are held still over (no timing in them)
+
+
 @functools.cache
 def profiles(dtype: str, rounds: int = 15) -> dict[str, list[dict]]:
     """``rounds`` profiled decode steps per arm, the arms interleaved."""
@@ -391,7 +394,7 @@ def counts(dtype: str, key: str) -> dict[str, int]:
     on some CPUs a bf16 step that opens a new KV block dispatches a few hundred more views and
     selects than the step before, while its copies stay put."""
     out = {}
-    for arm, runs in profiles(dtype).items():
+    for arm, runs in profiles(dtype, COUNT_ROUNDS).items():
         seen = {r[key] for r in runs}
         if len(seen) != 1:
             raise RuntimeError(f"{arm}: the {key} counts changed between steps: {sorted(seen)}")
