@@ -24,8 +24,10 @@ What is what:
 - A ``<tool_call>`` that begins no valid call (broken JSON, ``arguments`` not an object, an
   unknown name, a body cut off at the end) is content, from its ``<`` on; reading goes on
   right after that ``<``, so a later valid call is still a call.
-- Streaming: see ``call_reader``; a call whose name went out and whose body then breaks keeps
-  the arguments that went out, and the rest of the text is content.
+- Streaming: see ``call_reader``. By default a call goes out only once its whole object has
+  been judged, so the stream reads exactly as the whole text does; with ``early=True`` a call
+  whose name went out and whose body then breaks keeps the arguments that went out, and the
+  rest of the text is content.
 """
 
 from __future__ import annotations

@@ -22,8 +22,10 @@ What is what:
   is not a valid call (broken JSON, an unknown name, ``parameters`` not an object, cut off at
   the end), the whole text is content, and a model that answers in plain JSON is answered as
   text.
-- Streaming: see ``call_reader``; a call whose name went out and whose body then breaks keeps
-  the arguments that went out, and the rest of the text is content.
+- Streaming: see ``call_reader``. By default a call goes out only once its whole object has
+  been judged, so the stream reads exactly as the whole text does; with ``early=True`` a call
+  whose name went out and whose body then breaks keeps the arguments that went out, and the
+  rest of the text is content.
 """
 
 from __future__ import annotations

@@ -30,8 +30,10 @@ What is what:
   not an object, an array that is empty or not closed, a body cut off at the end); reading
   goes on as text up to the next ``[TOOL_CALLS]``. Calls before the failure in the same array
   stand.
-- Streaming: see ``call_reader``; a call whose name went out and whose body then breaks keeps
-  the arguments that went out, and the rest of the text is content.
+- Streaming: see ``call_reader``. By default a call goes out only once its whole object has
+  been judged, so the stream reads exactly as the whole text does; with ``early=True`` a call
+  whose name went out and whose body then breaks keeps the arguments that went out, and the
+  rest of the text is content.
 """
 
 from __future__ import annotations
